@@ -1,0 +1,116 @@
+"""Writing results so that nothing is ever left half-written.
+
+Everything tfaccel writes as a result (models, reports, plots, JSON) goes to a
+temporary path beside the final one and is renamed into place only once it is
+complete: a crash or Ctrl-C leaves either the old result or none.
+
+Example:
+
+    from tfaccel.io import atomic_path, write_json
+
+    write_json("out/metrics.json", {"accuracy": 0.98})
+    with atomic_path("out/model.keras") as tmp:
+        model.save(tmp)           # renamed to out/model.keras on success
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+@contextlib.contextmanager
+def atomic_path(final_path):
+    """Yields a temporary path (same folder, same suffix) renamed to `final_path` on success.
+
+    Works for files and directories (e.g. a SavedModel). An existing
+    `final_path` is replaced only after the new one is complete.
+    """
+    final_path = os.fspath(final_path)
+    parent = os.path.dirname(os.path.abspath(final_path))
+    os.makedirs(parent, exist_ok=True)
+    base = os.path.basename(final_path)
+    stem, dot, suffix = base.rpartition(".")
+    # Keep the suffix last: Keras decides the format from it (.keras, .h5).
+    tmp_name = f".{stem}.tmp-{os.getpid()}{dot}{suffix}" if dot and stem else f".{base}.tmp-{os.getpid()}"
+    tmp = os.path.join(parent, tmp_name)
+    _remove(tmp)
+    try:
+        yield tmp
+        if not os.path.lexists(tmp):
+            raise FileNotFoundError(f"nothing was written to {tmp}")
+        if os.path.isdir(tmp) and os.path.isdir(final_path):
+            old = tempfile.mkdtemp(prefix=f".{base}.old-", dir=parent)
+            os.rmdir(old)
+            os.replace(final_path, old)
+            os.replace(tmp, final_path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if os.path.isdir(final_path):
+                shutil.rmtree(final_path)
+            os.replace(tmp, final_path)
+    finally:
+        _remove(tmp)
+
+
+def write_text(path, text):
+    """Writes `text` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    return path
+
+
+def write_bytes(path, data):
+    """Writes `data` to `path` atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+    return path
+
+
+def write_json(path, obj):
+    """Writes `obj` as indented JSON to `path` atomically."""
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):  # numpy and tf scalars
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def file_size(path):
+    """Bytes on disk of a file, or of everything below a directory."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)
+
+
+def gzipped_size(path):
+    """Bytes of `path` gzip-compressed (a directory is tarred first), the fair size of sparse weights."""
+    import gzip
+    import io
+    import tarfile
+
+    if os.path.isdir(path):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(path, arcname=os.path.basename(path))
+        data = buf.getvalue()
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+    return len(gzip.compress(data, compresslevel=9, mtime=0))

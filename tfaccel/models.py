@@ -1,0 +1,173 @@
+"""A small model zoo that fits any input shape and class count, and the user's own models.
+
+Every model ends in a float32 softmax (so it stays float32 under a mixed
+precision policy) and is a flat functional tf_keras model, which is what TF-MOT
+pruning and quantization accept.
+
+Example:
+
+    from tfaccel.models import build_model
+
+    model = build_model("cnn", input_shape=(8, 8, 1), num_classes=10)
+    model.summary()
+"""
+
+import importlib
+import os
+
+from tfaccel.errors import ModelError
+from tfaccel.keras import ensure_tf_keras, keras
+
+MODELS = ("mlp", "cnn", "resnet", "mobilenet_v2")
+MODEL_FILE_HINT = "a .keras/.h5 file or a SavedModel directory"
+
+
+def _head(x, num_classes):
+    x = keras.layers.Dense(num_classes, name="logits")(x)
+    return keras.layers.Activation("softmax", dtype="float32", name="probabilities")(x)
+
+
+def mlp(input_shape, num_classes, hidden=(256, 128), dropout=0.1):
+    """Flatten, then dense ReLU layers with dropout."""
+    inputs = keras.Input(input_shape, name="image")
+    x = keras.layers.Flatten()(inputs)
+    for i, units in enumerate(hidden):
+        x = keras.layers.Dense(units, activation="relu", name=f"dense_{i}")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, _head(x, num_classes), name="mlp")
+
+
+def cnn(input_shape, num_classes, filters=(32, 64), dense_units=128, dropout=0.25):
+    """Two 3x3 convolutions, max pooling, a dense layer: ~151k parameters on 8x8 digits."""
+    inputs = keras.Input(input_shape, name="image")
+    x = inputs
+    for i, f in enumerate(filters):
+        x = keras.layers.Conv2D(f, 3, padding="same", activation="relu", name=f"conv_{i}")(x)
+    x = keras.layers.MaxPooling2D(2, name="pool")(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dropout(dropout)(x)
+    x = keras.layers.Dense(dense_units, activation="relu", name="dense")(x)
+    x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, _head(x, num_classes), name="cnn")
+
+
+def resnet(input_shape, num_classes, widths=(16, 32, 64), blocks_per_stage=2):
+    """A small pre-pooling residual network with BatchNorm (ResNet-v1 basic blocks)."""
+
+    def conv_bn(x, filters, stride, name, relu=True):
+        x = keras.layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False,
+                                name=f"{name}_conv")(x)
+        x = keras.layers.BatchNormalization(name=f"{name}_bn")(x)
+        return keras.layers.ReLU(name=f"{name}_relu")(x) if relu else x
+
+    inputs = keras.Input(input_shape, name="image")
+    x = conv_bn(inputs, widths[0], 1, "stem")
+    for s, width in enumerate(widths):
+        for b in range(blocks_per_stage):
+            stride = 2 if (b == 0 and s > 0 and min(x.shape[1:3]) >= 4) else 1
+            name = f"stage{s}_block{b}"
+            shortcut = x
+            y = conv_bn(x, width, stride, f"{name}_a")
+            y = conv_bn(y, width, 1, f"{name}_b", relu=False)
+            if stride != 1 or shortcut.shape[-1] != width:
+                shortcut = keras.layers.Conv2D(width, 1, strides=stride, use_bias=False,
+                                               name=f"{name}_proj")(shortcut)
+                shortcut = keras.layers.BatchNormalization(name=f"{name}_proj_bn")(shortcut)
+            x = keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, shortcut]))
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    return keras.Model(inputs, _head(x, num_classes), name="resnet")
+
+
+def mobilenet_v2(input_shape, num_classes, alpha=0.35):
+    """Keras's MobileNetV2 (random init, `weights=None`), upsampled to 32x32 if smaller."""
+    inputs = keras.Input(input_shape, name="image")
+    x = inputs
+    if len(input_shape) != 3:
+        raise ModelError(f"mobilenet_v2 needs image inputs (height, width, channels), got {input_shape}")
+    if min(input_shape[:2]) < 32:
+        x = keras.layers.Resizing(max(32, input_shape[0]), max(32, input_shape[1]), name="upsample")(x)
+    base = keras.applications.MobileNetV2(input_tensor=x, include_top=False, weights=None,
+                                          alpha=alpha, pooling="avg")
+    return keras.Model(inputs, _head(base.output, num_classes), name="mobilenet_v2")
+
+
+_BUILDERS = {"mlp": mlp, "cnn": cnn, "resnet": resnet, "mobilenet_v2": mobilenet_v2}
+
+
+def build_model(name, input_shape, num_classes, **kwargs):
+    """Builds a zoo model by name (one of `MODELS`)."""
+    if name not in _BUILDERS:
+        raise ModelError(f"unknown model {name!r}: use one of {', '.join(MODELS)}, "
+                         f"or give {MODEL_FILE_HINT}")
+    if num_classes < 2:
+        raise ModelError(f"num_classes={num_classes}: a classifier needs at least 2 classes")
+    return _BUILDERS[name](tuple(input_shape), int(num_classes), **kwargs)
+
+
+def is_model_path(spec: str) -> bool:
+    """True when `spec` names a file or directory rather than a zoo model."""
+    return (os.sep in spec or "/" in spec or spec.endswith((".keras", ".h5"))
+            or os.path.exists(spec))
+
+
+def load_model_file(path, compile=False):
+    """Loads a tf_keras model from a .keras/.h5 file or a SavedModel directory."""
+    if not os.path.exists(path):
+        raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
+                         f"or one of {', '.join(MODELS)}")
+    try:
+        model = keras.models.load_model(path, compile=compile)
+    except Exception as e:  # loaders raise many types for a bad file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"cannot load model {path!r} ({first}): give {MODEL_FILE_HINT} "
+                         "saved by tf_keras") from None
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"{path!r} holds a {type(model).__name__}, not a Keras model: save it "
+                         "with model.save() from tf_keras")
+    return model
+
+
+def model_from_fn(spec, input_shape, num_classes):
+    """Calls a user function 'package.module:function'(input_shape, num_classes)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ModelError(f"--model_fn={spec!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r} "
+                         f"({type(e).__name__}: {e}); check the module is on PYTHONPATH") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ModelError(f"--model_fn={spec!r}: module {module_name!r} has no function {attr!r}")
+    model = fn(input_shape=tuple(input_shape), num_classes=int(num_classes))
+    if not hasattr(model, "fit"):
+        raise ModelError(f"--model_fn={spec!r} returned {type(model).__name__}, not a Keras model")
+    return ensure_tf_keras(model, "model returned by --model_fn")
+
+
+def check_model_fits(model, input_shape, num_classes):
+    """Raises ModelError when `model`'s input or output does not fit the dataset."""
+    ensure_tf_keras(model)
+    got_in = tuple(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
+    if got_in is not None and any(a is not None and a != b for a, b in zip(got_in, input_shape)) \
+            or (got_in is not None and len(got_in) != len(input_shape)):
+        raise ModelError(f"model {model.name!r} takes inputs of shape {got_in} but the dataset "
+                         f"gives {tuple(input_shape)}: pick a matching dataset or model")
+    out = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
+    if out is not None and out != num_classes:
+        raise ModelError(f"model {model.name!r} outputs {out} classes but the dataset has "
+                         f"{num_classes}: pick a matching dataset or model")
+    return model
+
+
+def resolve_model(model, input_shape, num_classes, model_fn=None):
+    """The model a recipe trains: a zoo name, a saved model path, or `model_fn`."""
+    if model_fn:
+        built = model_from_fn(model_fn, input_shape, num_classes)
+    elif is_model_path(model):
+        built = load_model_file(model)
+    else:
+        built = build_model(model, input_shape, num_classes)
+    return check_model_fits(built, input_shape, num_classes)

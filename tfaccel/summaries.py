@@ -1,0 +1,208 @@
+"""TensorBoard as the place to inspect every run: write and read back summaries.
+
+Writers for what Keras's TensorBoard callback does not log (the run's config
+as text, reports, plots, throughput, the learning rate every N steps) and
+readers built on TensorBoard's own event-file loader, so that tests and users
+can check what a run wrote.
+
+Example:
+
+    from tfaccel import summaries
+
+    summaries.write_text("runs/a/logs/train", "config/flags", "| flag | value |\\n|---|---|")
+    summaries.read_text("runs/a/logs/train")["config/flags"]
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfaccel.keras import keras
+
+
+def _writer(logdir):
+    return tf.summary.create_file_writer(str(logdir))
+
+
+def write_text(logdir, tag, markdown, step=0):
+    """Writes a markdown text summary (TensorBoard's Text tab)."""
+    writer = _writer(logdir)
+    with writer.as_default():
+        tf.summary.text(tag, markdown, step=step)
+    writer.close()
+
+
+def write_scalars(logdir, values, step=0):
+    """Writes a dict of scalars at `step`."""
+    writer = _writer(logdir)
+    with writer.as_default():
+        for tag, value in values.items():
+            tf.summary.scalar(tag, float(value), step=step)
+    writer.close()
+
+
+def write_png(logdir, tag, png, step=0):
+    """Writes a PNG (bytes or a file path) as an image summary (TensorBoard's Images tab)."""
+    if isinstance(png, (str, bytes)) and not (isinstance(png, bytes) and png[:4] == b"\x89PNG"):
+        with open(png, "rb") as f:
+            png = f.read()
+    image = tf.image.decode_png(png, channels=4)[tf.newaxis]
+    writer = _writer(logdir)
+    with writer.as_default():
+        tf.summary.image(tag, image, step=step)
+    writer.close()
+
+
+def markdown_table(rows, columns=None):
+    """A markdown table from a list of dicts (or a dict, as two columns)."""
+    if isinstance(rows, dict):
+        rows = [{"name": k, "value": v} for k, v in rows.items()]
+        columns = columns or ["name", "value"]
+    columns = columns or list(dict.fromkeys(k for r in rows for k in r))
+
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _load_events(logdir):
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(
+        str(logdir), size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0,
+                                    event_accumulator.IMAGES: 0})
+    acc.Reload()
+    return acc
+
+
+def read_scalars(logdir):
+    """{tag: [(step, value), ...]} of every scalar in `logdir`'s event files."""
+    acc = _load_events(logdir)
+    out = {}
+    for tag in acc.Tags().get("tensors", []):
+        events = acc.Tensors(tag)
+        values = []
+        for e in events:
+            arr = tf.make_ndarray(e.tensor_proto)
+            if arr.ndim == 0 and arr.dtype.kind in "fiu":
+                values.append((e.step, float(arr)))
+        if values:
+            out[tag] = values
+    for tag in acc.Tags().get("scalars", []):
+        out[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    return out
+
+
+def read_text(logdir):
+    """{tag: text} of the latest text summary of each tag in `logdir`."""
+    acc = _load_events(logdir)
+    out = {}
+    for tag in acc.Tags().get("tensors", []):
+        events = acc.Tensors(tag)
+        arr = tf.make_ndarray(events[-1].tensor_proto)
+        if arr.dtype.kind in "OSU":
+            flat = np.asarray(arr).reshape(-1)
+            out[tag] = "\n".join(x.decode() if isinstance(x, bytes) else str(x) for x in flat)
+    return out
+
+
+def read_image_tags(logdir):
+    """Tags of the image summaries in `logdir` (written by `write_png` or Keras)."""
+    acc = _load_events(logdir)
+    tags = set(acc.Tags().get("images", []))
+    for tag in acc.Tags().get("tensors", []):
+        meta = acc.summary_metadata.get(tag)
+        if meta is not None and meta.plugin_data.plugin_name == "images":
+            tags.add(tag)
+    return sorted(tags)
+
+
+class ThroughputLogger(keras.callbacks.Callback):
+    """Logs examples/sec and steps/sec of each epoch to TensorBoard and to `logs`.
+
+    The first epoch includes tracing; later epochs are the steady state.
+    """
+
+    def __init__(self, logdir, global_batch_size):
+        super().__init__()
+        self.logdir = str(logdir)
+        self.global_batch_size = int(global_batch_size)
+        self.history = []
+        self._writer = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._steps = 0
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        elapsed = max(time.perf_counter() - self._start, 1e-9)
+        rate = {"examples_per_sec": self._steps * self.global_batch_size / elapsed,
+                "steps_per_sec": self._steps / elapsed}
+        self.history.append(rate)
+        if logs is not None:
+            logs.update(rate)
+        if self._writer is None:
+            self._writer = _writer(self.logdir)
+        with self._writer.as_default():
+            for tag, value in rate.items():
+                tf.summary.scalar(f"epoch_{tag}", value, step=epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def current_learning_rate(optimizer):
+    """The optimizer's learning rate now, resolving a schedule at its current step."""
+    lr = getattr(optimizer, "learning_rate", None)
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    if inner is not None:
+        lr = inner.learning_rate
+        optimizer = inner
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        lr = lr(optimizer.iterations)
+    return float(keras.backend.get_value(lr))
+
+
+class LearningRateLogger(keras.callbacks.Callback):
+    """Logs the learning rate every `every_n_steps` optimizer steps and at each epoch end."""
+
+    def __init__(self, logdir, every_n_steps=10):
+        super().__init__()
+        self.logdir = str(logdir)
+        self.every_n_steps = max(1, int(every_n_steps))
+        self._writer = None
+
+    def _log(self, step):
+        if self._writer is None:
+            self._writer = _writer(self.logdir)
+        with self._writer.as_default():
+            tf.summary.scalar("learning_rate", current_learning_rate(self.model.optimizer), step=step)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        if step % self.every_n_steps == 0:
+            self._log(step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        lr = current_learning_rate(self.model.optimizer)
+        if logs is not None:
+            logs["lr"] = lr
+        self._log(int(self.model.optimizer.iterations.numpy()))
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
