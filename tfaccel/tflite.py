@@ -1,0 +1,324 @@
+"""TFLite export with post-training quantization, and measuring a `.tflite` file.
+
+`convert_to_tflite` turns a tf_keras model (plain, pruned or quantization-aware
+trained) into a `.tflite` file in one of the converter's modes: `float` (no
+quantization), `dynamic` (int8 weights, float activations), `int8` (full
+integer, int8 inputs and outputs; needs representative data unless the model
+was trained with QAT), `float16` (half-size weights) and `int16x8` (int16
+activations, int8 weights). `optimize_sparsity=True` asks the converter to
+store pruned weights in its sparse encoding.
+
+The measuring side runs files with LiteRT (`ai_edge_litert`), falling back to
+the deprecated `tf.lite.Interpreter` when LiteRT is not installed:
+`evaluate_tflite` (accuracy and predictions over a dataset, quantizing int8
+inputs and dequantizing outputs with the tensors' scales), `measure_latency`
+(single-sample latency after warm-up), `tflite_sizes` (raw and gzipped bytes)
+and `prediction_agreement`.
+
+Example:
+
+    from tfaccel import data, tflite
+
+    splits = data.load_dataset("digits")
+    path = tflite.convert_to_tflite(model, "out/model_int8.tflite", mode="int8",
+                                    representative_data=splits.train)
+    print(tflite.evaluate_tflite(path, splits.test)["accuracy"])
+    print(tflite.measure_latency(path)["mean_us"], tflite.tflite_sizes(path))
+"""
+
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfaccel.errors import ConfigError, DataError, ModelError
+from tfaccel.io import file_size, gzipped_size, write_bytes
+from tfaccel.keras import ensure_tf_keras, keras
+
+MODES = ("float", "dynamic", "int8", "float16", "int16x8")
+"""Conversion modes of `convert_to_tflite`."""
+
+_NEEDS_DATA = ("int8", "int16x8")
+
+
+def is_quantization_aware(model):
+    """True when `model` holds TF-MOT quantization wrappers (it went through QAT)."""
+    for layer in model.submodules if hasattr(model, "submodules") else model.layers:
+        if type(layer).__module__.startswith("tensorflow_model_optimization") and \
+                "quantize" in type(layer).__module__:
+            return True
+    return False
+
+
+def representative_dataset(data, num_samples=200):
+    """A converter `representative_dataset` generator of `num_samples` single examples.
+
+    Args:
+      data: a `tf.data.Dataset` (batched or not) of `x` or `(x, label)`, a
+        NumPy array of examples, or an already-made generator function.
+      num_samples: how many examples calibrate the activation ranges.
+
+    Returns:
+      A function yielding `[x]` with `x` float32 of shape (1, *input_shape).
+    """
+    if callable(data) and not isinstance(data, tf.data.Dataset):
+        return data
+    if num_samples < 1:
+        raise ConfigError(f"num_samples={num_samples}: calibration needs at least 1 example")
+    if isinstance(data, tf.data.Dataset):
+        examples = _first_examples(data, num_samples)
+    else:
+        examples = np.asarray(data, np.float32)[:num_samples]
+    if len(examples) == 0:
+        raise DataError("representative data is empty: give training examples to calibrate on")
+
+    def generator():
+        for x in examples:
+            yield [x[np.newaxis].astype(np.float32)]
+
+    return generator
+
+
+def _first_examples(dataset, num_samples):
+    spec = dataset.element_spec
+    if isinstance(spec, tuple):
+        dataset = dataset.map(lambda x, *_: x)
+        spec = spec[0]
+    if _is_batched(spec):
+        dataset = dataset.unbatch()
+    examples = list(dataset.take(num_samples).as_numpy_iterator())
+    return np.stack(examples) if examples else np.zeros((0,), np.float32)
+
+
+def _is_batched(spec):
+    """True for a batched dataset's element spec (leading dimension unknown)."""
+    return spec.shape.rank is not None and spec.shape.rank >= 1 and spec.shape[0] is None
+
+
+def _converter(model, mode, representative_data, num_calibration_samples, optimize_sparsity):
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    optimizations = []
+    if mode != "float":
+        optimizations.append(tf.lite.Optimize.DEFAULT)
+    if optimize_sparsity:
+        optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
+    converter.optimizations = optimizations
+    if representative_data is not None and mode in _NEEDS_DATA:
+        converter.representative_dataset = representative_dataset(
+            representative_data, num_calibration_samples)
+    if mode == "int8":
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+    elif mode == "float16":
+        converter.target_spec.supported_types = [tf.float16]
+    elif mode == "int16x8":
+        converter.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+    return converter
+
+
+def convert_to_tflite(model, path, mode="float", representative_data=None,
+                      num_calibration_samples=200, optimize_sparsity=False):
+    """Converts a tf_keras model to a `.tflite` file, quantizing as `mode` says.
+
+    A QAT model (from `tfaccel.quantize`) already carries its quantization
+    ranges, so `mode="int8"` needs no representative data for it; a plain
+    model in `int8` or `int16x8` mode is calibrated on `representative_data`.
+    The file is written atomically.
+
+    Example:
+
+        convert_to_tflite(model, "model_dyn.tflite", mode="dynamic")
+
+    Args:
+      model: a tf_keras model (plain, pruned after `strip_pruning`, or QAT).
+      path: where the `.tflite` file goes.
+      mode: one of `MODES`.
+      representative_data: calibration examples for `int8`/`int16x8` (see
+        `representative_dataset` for the accepted forms), e.g. `splits.train`.
+      num_calibration_samples: how many examples calibrate.
+      optimize_sparsity: store pruned (mostly zero) weights sparsely.
+
+    Returns:
+      `path`.
+
+    Raises:
+      ConfigError: unknown `mode`, or calibration data missing.
+      ModelError: the converter rejects the model.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown TFLite mode {mode!r}: use one of {', '.join(MODES)}")
+    ensure_tf_keras(model)
+    if mode in _NEEDS_DATA and representative_data is None and not is_quantization_aware(model):
+        raise ConfigError(f"mode={mode!r} calibrates activation ranges: pass representative_data "
+                          "(e.g. the training split), or quantize-aware train the model first")
+    converter = _converter(model, mode, representative_data, num_calibration_samples,
+                           optimize_sparsity)
+    try:
+        flatbuffer = converter.convert()
+    except Exception as e:  # the converter raises many types; keep one readable line
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: {first}; "
+                         "try mode='float' or 'dynamic', or replace the unsupported op") from None
+    write_bytes(path, flatbuffer)
+    return path
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def make_interpreter(model, num_threads=None):
+    """A LiteRT interpreter (tf.lite's if LiteRT is missing) for a path or flatbuffer bytes."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:  # LiteRT is an optional dependency
+        Interpreter = tf.lite.Interpreter
+    source = {"model_content": bytes(model)} if isinstance(model, (bytes, bytearray)) \
+        else {"model_path": str(model)}
+    try:
+        interpreter = Interpreter(**source, num_threads=num_threads)
+    except ValueError as e:
+        raise ModelError(f"cannot load TFLite model {source.get('model_path', '<bytes>')!r}: "
+                         f"{str(e).splitlines()[0]}; give a .tflite file written by "
+                         "convert_to_tflite") from None
+    interpreter.allocate_tensors()
+    return interpreter
+
+
+def _to_input(x, detail):
+    """Quantizes float examples with the input's scale and zero point when it is integer."""
+    dtype = detail["dtype"]
+    if np.issubdtype(dtype, np.integer):
+        scale, zero_point = detail["quantization"]
+        info = np.iinfo(dtype)
+        x = np.clip(np.round(x / scale + zero_point), info.min, info.max)
+    return x.astype(dtype)
+
+
+def _from_output(y, detail):
+    if np.issubdtype(detail["dtype"], np.integer):
+        scale, zero_point = detail["quantization"]
+        return (y.astype(np.float32) - zero_point) * scale
+    return y.astype(np.float32)
+
+
+def _run(interpreter, x):
+    inp = interpreter.get_input_details()[0]
+    if tuple(inp["shape"]) != x.shape:
+        interpreter.resize_tensor_input(inp["index"], list(x.shape))
+        interpreter.allocate_tensors()
+        inp = interpreter.get_input_details()[0]
+    interpreter.set_tensor(inp["index"], _to_input(x, inp))
+    interpreter.invoke()
+    out = interpreter.get_output_details()[0]
+    return _from_output(interpreter.get_tensor(out["index"]), out)
+
+
+def _arrays(dataset):
+    """(x, y) NumPy arrays of a dataset of (x, label), batched or not, or an (x, y) tuple."""
+    if isinstance(dataset, tuple):
+        return np.asarray(dataset[0], np.float32), np.asarray(dataset[1])
+    if not isinstance(dataset.element_spec, tuple):
+        raise DataError("evaluate_tflite needs a dataset of (example, label) pairs")
+    if not _is_batched(dataset.element_spec[0]):
+        dataset = dataset.batch(1024)
+    xs, ys = [], []
+    for x, y in dataset.as_numpy_iterator():
+        xs.append(x)
+        ys.append(y.reshape(-1))
+    return np.concatenate(xs).astype(np.float32), np.concatenate(ys)
+
+
+def predict_tflite(model, x, batch_size=256, num_threads=None, progress=False):
+    """Float class scores of a `.tflite` model for examples `x` (int8 handled)."""
+    interpreter = make_interpreter(model, num_threads)
+    bar = keras.utils.Progbar(len(x), unit_name="example") if progress else None
+    outputs = []
+    for start in range(0, len(x), batch_size):
+        batch = x[start:start + batch_size]
+        outputs.append(_run(interpreter, batch))
+        if bar is not None:
+            bar.add(len(batch))
+    return np.concatenate(outputs)
+
+
+def evaluate_tflite(model, dataset, batch_size=256, num_threads=None, progress=True):
+    """Accuracy and predicted classes of a `.tflite` model over a labelled dataset.
+
+    Example:
+
+        evaluate_tflite("model_int8.tflite", splits.test)   # {'accuracy': 0.97, ...}
+
+    Args:
+      model: a `.tflite` path or its bytes.
+      dataset: `tf.data.Dataset` of (x, label), batched or not, or an (x, y) tuple.
+      batch_size: examples per interpreter call.
+      num_threads: interpreter threads (None: LiteRT's default).
+      progress: show a progress bar.
+
+    Returns:
+      {'accuracy', 'num_examples', 'predictions' (class ids, NumPy)}.
+    """
+    x, y = _arrays(dataset)
+    scores = predict_tflite(model, x, batch_size, num_threads, progress)
+    predictions = scores.argmax(-1)
+    return {"accuracy": float(np.mean(predictions == y.reshape(-1))),
+            "num_examples": int(len(y)), "predictions": predictions}
+
+
+def measure_latency(model, example=None, num_runs=200, warmup=20, num_threads=1):
+    """Single-sample latency of a `.tflite` model after warm-up, in microseconds.
+
+    Args:
+      model: a `.tflite` path or its bytes.
+      example: one input of shape (1, *input_shape) (random if None).
+      num_runs: timed invocations.
+      warmup: untimed invocations first.
+      num_threads: interpreter threads.
+
+    Returns:
+      {'mean_us', 'p50_us', 'p90_us', 'num_runs', 'num_threads'}.
+    """
+    if num_runs < 1 or warmup < 0:
+        raise ConfigError(f"num_runs={num_runs}, warmup={warmup}: need num_runs >= 1, warmup >= 0")
+    interpreter = make_interpreter(model, num_threads)
+    inp = interpreter.get_input_details()[0]
+    shape = [1, *inp["shape_signature"][1:]]
+    if example is None:
+        example = np.random.default_rng(0).random(shape, dtype=np.float32)
+    example = np.asarray(example, np.float32).reshape(shape)
+    if tuple(inp["shape"]) != tuple(shape):
+        interpreter.resize_tensor_input(inp["index"], shape)
+        interpreter.allocate_tensors()
+        inp = interpreter.get_input_details()[0]
+    quantized = _to_input(example, inp)
+    for _ in range(warmup):
+        interpreter.set_tensor(inp["index"], quantized)
+        interpreter.invoke()
+    times = np.empty(num_runs)
+    for i in range(num_runs):
+        start = time.perf_counter()
+        interpreter.set_tensor(inp["index"], quantized)
+        interpreter.invoke()
+        times[i] = time.perf_counter() - start
+    times *= 1e6
+    return {"mean_us": float(times.mean()), "p50_us": float(np.percentile(times, 50)),
+            "p90_us": float(np.percentile(times, 90)), "num_runs": num_runs,
+            "num_threads": num_threads}
+
+
+def tflite_sizes(path):
+    """{'bytes': raw size, 'gzip_bytes': gzip -9 size} of a `.tflite` file."""
+    return {"bytes": file_size(path), "gzip_bytes": gzipped_size(path)}
+
+
+def prediction_agreement(predictions_a, predictions_b):
+    """Share of examples on which two models predict the same class (class ids or scores)."""
+    a, b = np.asarray(predictions_a), np.asarray(predictions_b)
+    a = a.argmax(-1) if a.ndim > 1 else a
+    b = b.argmax(-1) if b.ndim > 1 else b
+    if a.shape != b.shape:
+        raise DataError(f"cannot compare predictions of shapes {a.shape} and {b.shape}: "
+                        "score the same examples with both models")
+    return float(np.mean(a == b))
