@@ -107,7 +107,10 @@ def _converter(model, mode, representative_data, num_calibration_samples, optimi
         converter.representative_dataset = representative_dataset(
             representative_data, num_calibration_samples)
     if mode == "int8":
-        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        # A QAT graph is integer already; asking for INT8-only ops on it trips the
+        # converter's "representative_dataset must be specified" check (TF 2.21).
+        if not is_quantization_aware(model):
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
     elif mode == "float16":

@@ -1,0 +1,284 @@
+"""Quantization-aware training (QAT) through TF-MOT, checked before it starts.
+
+`quantize_aware` returns a copy of a tf_keras model that simulates int8
+inference while it trains (fake-quant on weights and activations, with
+Conv/Dense + BatchNorm patterns folded the way TF-MOT's default 8-bit scheme
+does it). Fine-tune it a few epochs with the usual `compile`/`fit`, then
+convert it with `tfaccel.tflite.convert_to_tflite(..., mode="int8")`.
+
+Before anything is cloned, every layer to quantize is checked against what the
+default 8-bit scheme supports; unsupported ones (e.g. Lambda, LSTM) are listed
+in one `UnsupportedLayerError` with the ways out. Nested models are flattened
+first (TF-MOT refuses them, its issue #957). Under a mixed precision policy the
+QAT model is built and fine-tuned in float32, with a warning, because the
+fake-quant kernels have no float16 version. Call it inside a
+`tf.distribute.Strategy` scope to train it distributed.
+
+`scheme="prune_preserve"` uses TF-MOT's collaborative
+`Default8BitPrunePreserveQuantizeScheme`, which keeps the zeros of a pruned
+(and stripped) model through QAT; plain QAT fills them back in.
+
+Example:
+
+    from tfaccel import quantize, training
+
+    qat = quantize.quantize_aware(model)           # or scheme="prune_preserve"
+    training.compile_classifier(qat, training.make_optimizer("adam", 1e-4))
+    qat.fit(train_ds, epochs=2)    # a fresh QAT model scores ~10% until it trains
+"""
+
+import contextlib
+
+import tensorflow as tf
+from absl import logging
+
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError
+from tfaccel.keras import ensure_tf_keras, keras
+
+SCHEMES = ("default", "prune_preserve")
+"""QAT schemes: TF-MOT's default 8-bit one, or its prune-preserving variant."""
+
+# Layers the default 8-bit scheme handles through graph transforms rather than
+# its registry: BatchNorm is folded into a linear Conv2D/DepthwiseConv2D/Dense
+# before it (possibly through a Reshape); separable convolutions are split.
+_FOLDABLE_INTO_BN = ("Conv2D", "DepthwiseConv2D", "Dense", "Reshape")
+_TRANSFORMED = ("InputLayer", "SeparableConv1D", "SeparableConv2D")
+
+
+def _tfmot():
+    import tensorflow_model_optimization as tfmot
+
+    return tfmot
+
+
+def _registry():
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_registry,
+    )
+
+    return default_8bit_quantize_registry.Default8BitQuantizeRegistry()
+
+
+def _inbound_layers(layer):
+    nodes = getattr(layer, "_inbound_nodes", [])
+    return [inbound for node in nodes for inbound in tf.nest.flatten(node.inbound_layers)]
+
+
+def _is_supported(layer, registry):
+    kind = type(layer).__name__
+    if kind in _TRANSFORMED or registry.supports(layer):
+        return True
+    if kind in ("BatchNormalization", "SyncBatchNormalization"):
+        inbound = _inbound_layers(layer)
+        return len(inbound) == 1 and type(inbound[0]).__name__ in _FOLDABLE_INTO_BN
+    return False
+
+
+def unsupported_layers(model, layer_names=None):
+    """[(name, type)] of the layers TF-MOT's default 8-bit scheme cannot quantize.
+
+    Args:
+      model: a flat tf_keras functional or Sequential model.
+      layer_names: check only these layers (default: all).
+
+    Returns:
+      A list of (layer name, layer class name), empty when all are supported.
+    """
+    registry = _registry()
+    return [(layer.name, type(layer).__name__) for layer in model.layers
+            if (layer_names is None or layer.name in layer_names)
+            and not _is_supported(layer, registry)]
+
+
+def check_quantizable(model, layer_names=None):
+    """Raises one UnsupportedLayerError listing every layer QAT cannot handle.
+
+    Raises:
+      UnsupportedLayerError: some layers are not supported, or the model is
+        subclassed (TF-MOT needs a functional or Sequential graph).
+    """
+    ensure_tf_keras(model)
+    if not isinstance(model, keras.Sequential) and not getattr(model, "_is_graph_network", False):
+        raise UnsupportedLayerError(
+            f"model {model.name!r} is a subclassed {type(model).__name__}: QAT needs a "
+            "functional or Sequential model; rebuild it with keras.Input and layer calls")
+    bad = unsupported_layers(model, layer_names)
+    if bad:
+        listed = ", ".join(f"{name} ({kind})" for name, kind in bad)
+        names = ",".join(name for name, _ in bad)
+        raise UnsupportedLayerError(
+            f"QAT (TF-MOT default 8-bit scheme) cannot quantize {len(bad)} layer(s): {listed}; "
+            f"ways out: skip them (skip_layers=[...] / --qat_skip_layers={names}), quantize only "
+            "a subset (only_layers=[...]), or replace them with supported layers "
+            "(Conv2D, Dense, DepthwiseConv2D, pooling, Add, Concatenate, ReLU, Activation)")
+
+
+# ---------------------------------------------------------------- flattening
+
+
+def _replay(model, inputs):
+    """Calls `model`'s layers on `inputs`, descending into nested models (flat tensors out)."""
+    if not getattr(model, "_is_graph_network", False):
+        raise UnsupportedLayerError(
+            f"nested model {model.name!r} is a subclassed {type(model).__name__} and cannot be "
+            "flattened for QAT: build it functionally or as a Sequential with an Input")
+    usage = model._tensor_usage_count
+    tensors = {}
+    for ref, value in zip(model.inputs, inputs):
+        tensors[str(id(ref))] = [value] * usage[str(id(ref))]
+    for depth in sorted(model._nodes_by_depth, reverse=True):
+        for node in model._nodes_by_depth[depth]:
+            if node.is_input or any(i not in tensors for i in node.flat_input_ids):
+                continue
+            args, kwargs = node.map_arguments(tensors)
+            if isinstance(node.layer, keras.Model):
+                outputs = _replay(node.layer, tf.nest.flatten(args))
+            else:
+                outputs = node.layer(*args, **kwargs)
+            for ref_id, value in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
+                tensors[ref_id] = [value] * usage[ref_id]
+    return [tensors[str(id(ref))].pop() for ref in model.outputs]
+
+
+def is_nested(model):
+    """True when `model` holds another Keras model as a layer."""
+    return any(isinstance(layer, keras.Model) for layer in model.layers)
+
+
+def flatten_model(model):
+    """A functional model with the same layers (and weights) and no nested models.
+
+    Sub-models (functional or Sequential) are inlined layer by layer; the
+    returned model shares its layers, hence its weights, with `model`.
+
+    Raises:
+      UnsupportedLayerError: a nested model is subclassed, or inlining makes
+        two layers share a name.
+    """
+    ensure_tf_keras(model)
+    if not is_nested(model):
+        return model
+    inputs = [keras.Input(shape=ref.shape[1:], dtype=ref.dtype, name=ref.name.split(":")[0])
+              for ref in model.inputs]
+    outputs = _replay(model, inputs)
+    names = [layer.name for layer in _collect_layers(model)]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise UnsupportedLayerError(
+            f"flattening nested model {model.name!r} for QAT gives duplicate layer names "
+            f"{', '.join(clashes)}: give the inner layers unique names")
+    return keras.Model(inputs, outputs[0] if len(outputs) == 1 else outputs, name=model.name)
+
+
+def _collect_layers(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _collect_layers(layer)
+        elif not isinstance(layer, keras.layers.InputLayer):
+            yield layer
+
+
+# ---------------------------------------------------------------- precision
+
+
+def is_mixed_precision(model):
+    """True when the global policy or any layer of `model` computes in float16/bfloat16."""
+    policies = [keras.mixed_precision.global_policy()] + [layer.dtype_policy for layer in model.layers]
+    return any(p.compute_dtype in ("float16", "bfloat16") for p in policies)
+
+
+@contextlib.contextmanager
+def _float32_policy():
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("float32")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
+def _as_float32(model):
+    """A float32 clone of a mixed precision model with the same weights."""
+
+    def clone_float32(layer):
+        config = layer.get_config()
+        config["dtype"] = "float32"
+        return type(layer).from_config(config)
+
+    clone = keras.models.clone_model(model, clone_function=clone_float32)
+    clone.set_weights(model.get_weights())
+    return clone
+
+
+# ---------------------------------------------------------------- QAT
+
+
+def _has_pruning_wrappers(model):
+    return any("pruning_wrapper" in type(layer).__module__ for layer in model.layers)
+
+
+def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
+    """A quantization-aware copy of `model`, ready to compile and fine-tune.
+
+    Example:
+
+        qat = quantize_aware(model, skip_layers=["my_lambda"])
+
+    Args:
+      model: a tf_keras functional or Sequential model (nested models are
+        flattened); for `prune_preserve`, a pruned model after `strip_pruning`.
+      scheme: one of `SCHEMES`.
+      only_layers: names of the layers to quantize (default: all).
+      skip_layers: names of layers to leave in float.
+
+    Returns:
+      A new tf_keras model (the weights are copied; `model` is unchanged).
+
+    Raises:
+      ConfigError: unknown scheme, or unknown layer names.
+      UnsupportedLayerError: layers the scheme cannot quantize (all listed).
+      ModelError: a pruned model still wrapped for pruning.
+    """
+    if scheme not in SCHEMES:
+        raise ConfigError(f"unknown QAT scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    ensure_tf_keras(model)
+    if _has_pruning_wrappers(model):
+        raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
+                         "(tfaccel.prune) before QAT")
+    model = flatten_model(model)
+    names = {layer.name for layer in model.layers}
+    for flag, given in (("only_layers", only_layers), ("skip_layers", skip_layers)):
+        unknown = sorted(set(given or ()) - names)
+        if unknown:
+            raise ConfigError(f"{flag} names unknown layers {', '.join(unknown)}: the model's "
+                              f"layers are {', '.join(sorted(names))}")
+    chosen = {layer.name for layer in model.layers
+              if not isinstance(layer, keras.layers.InputLayer)
+              and (only_layers is None or layer.name in only_layers)
+              and layer.name not in set(skip_layers or ())}
+    check_quantizable(model, chosen)
+
+    if is_mixed_precision(model):
+        logging.warning("QAT fine-tunes %r in float32, not under the mixed precision policy %r: "
+                        "TF-MOT's fake-quant kernels have no float16 version",
+                        model.name, keras.mixed_precision.global_policy().name)
+    tfmot = _tfmot()
+    with _float32_policy():
+        if is_mixed_precision(model):
+            model = _as_float32(model)
+        annotate = tfmot.quantization.keras.quantize_annotate_layer
+
+        def annotate_chosen(layer):
+            return annotate(layer) if layer.name in chosen else layer
+
+        if len(chosen) == len(names) - len(model.inputs):
+            annotated = tfmot.quantization.keras.quantize_annotate_model(model)
+        else:
+            annotated = keras.models.clone_model(model, clone_function=annotate_chosen)
+            annotated.set_weights(model.get_weights())
+        if scheme == "prune_preserve":
+            quantize_scheme = tfmot.quantization.keras.collab_opts.Default8BitPrunePreserveQuantizeScheme()
+        else:
+            quantize_scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
+        with tfmot.quantization.keras.quantize_scope():
+            return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
