@@ -30,6 +30,12 @@ def define_data_flags():
     flags.DEFINE_integer("synthetic_classes", 10, "Classes of synthetic data.", lower_bound=2)
     flags.DEFINE_integer("synthetic_examples", 1024, "Training examples of synthetic data.",
                          lower_bound=1)
+    flags.DEFINE_string("on_bad_example", "fail", "A corrupt or non-image file (image_dir) or a "
+                        "bad TFRecord: 'fail' stops with its name, 'skip' leaves it out and names it.")
+    flags.DEFINE_string("tfrecord_features", "image=bytes,label=int64", "Feature spec of "
+                        "--dataset=tfrecord records: name=bytes|int64|float[shape],...")
+    flags.DEFINE_string("tfds_name", None, "TFDS dataset name (name or name:version) for "
+                        "--dataset=tfds; its data must already be on disk.")
 
 
 def define_model_flags(default="cnn"):
@@ -56,6 +62,27 @@ def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3):
     flags.DEFINE_integer("seed", 0, "Seed of initialization, shuffling and synthetic data.")
 
 
+def define_distribute_flags():
+    """--strategy, --cpu_devices, --scale_lr, --cross_device_ops, --collective, --backup_dir/_freq."""
+    from tfaccel.distribute import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES
+
+    # Plain strings, checked by tfaccel.distribute, so that a bad value is one 'error:' line.
+    flags.DEFINE_string("strategy", "auto", f"Distribution strategy: {', '.join(STRATEGIES)}. "
+                        "auto = multi_worker under TF_CONFIG/Slurm, mirrored with several GPUs "
+                        "(or --cpu_devices>1), else default.")
+    flags.DEFINE_integer("cpu_devices", None, "Split the CPU into N logical devices (stand-ins "
+                         "for GPUs, so that mirrored training runs without them).")
+    flags.DEFINE_bool("scale_lr", False, "Multiply --learning_rate by the number of replicas "
+                      "(linear scaling rule).")
+    flags.DEFINE_string("cross_device_ops", "auto", f"Reduction of --strategy=mirrored: "
+                        f"{', '.join(CROSS_DEVICE_OPS)}.")
+    flags.DEFINE_string("collective", "auto", f"All-reduce of --strategy=multi_worker: "
+                        f"{', '.join(COLLECTIVES)}.")
+    flags.DEFINE_string("backup_dir", None, "Where BackupAndRestore keeps the state to resume "
+                        "from after a crash (default: <model_dir>/backup; the same for all workers).")
+    flags.DEFINE_string("backup_freq", "epoch", "Back up every 'epoch' or every N steps.")
+
+
 def _ints(values, name):
     try:
         ints = tuple(int(v) for v in values)
@@ -79,6 +106,9 @@ def load_data():
         num_classes=FLAGS.synthetic_classes,
         num_examples=FLAGS.synthetic_examples,
         seed=FLAGS.seed,
+        on_bad_example=FLAGS.on_bad_example,
+        features=FLAGS.tfrecord_features,
+        tfds_name=FLAGS.tfds_name,
     )
 
 

@@ -3,6 +3,11 @@
     python recipes/train.py                          # CNN on the bundled digits
     python recipes/train.py --flagfile=recipes/presets/digits_cnn.cfg
     tensorboard --logdir runs/digits-cnn/logs
+    python recipes/train.py --strategy=mirrored --cpu_devices=2          # 2 replicas, no GPU
+    tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker
+
+--batch_size is global (split over the replicas); rerunning the same command
+after a crash resumes from the backup in --backup_dir (see docs/distribution.md).
 
 Writes to --model_dir: TensorBoard logs (logs/train, logs/validation: loss,
 accuracy, learning rate, examples/sec, and the run's flags as text),
@@ -20,26 +25,49 @@ FLAGS = flags.FLAGS
 common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags()
+common.define_distribute_flags()
 
 
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import data, io, summaries, training
+    from tfaccel import distribute
+
+    # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
+    if FLAGS.cpu_devices is not None:
+        distribute.split_cpu(FLAGS.cpu_devices)
+    from tfaccel import data, io, resume, summaries, training
     from tfaccel.keras import keras
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)
+    backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
+    strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
+                                        collective=FLAGS.collective)
+    replicas = strategy.num_replicas_in_sync
+    per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
+    learning_rate = (distribute.scale_learning_rate(FLAGS.learning_rate, replicas)
+                     if FLAGS.scale_lr else FLAGS.learning_rate)
     splits = common.load_data()
-    model = common.load_model(splits.info)
-    model_dir = common.default_model_dir()
+    with strategy.scope():
+        model = common.load_model(splits.info)
+    # Only the chief writes to --model_dir; other workers write to a temporary directory.
+    model_dir = distribute.worker_output_dir(common.default_model_dir(), strategy)
+    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
     logdir = os.path.join(model_dir, "logs")
+    print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
+          f"{FLAGS.batch_size} = {per_replica_batch} per replica x {replicas} replica(s); "
+          f"learning rate {learning_rate:g}")
 
     # --- Model and data.
-    optimizer = training.make_optimizer(FLAGS.optimizer, FLAGS.learning_rate)
-    training.compile_classifier(model, optimizer)
-    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed)
+    with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
+        optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
+        training.compile_classifier(model, optimizer)
+    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
+                                  drop_remainder=distribute.needs_drop_remainder(strategy))
     val_ds = data.batch_dataset(splits.validation, FLAGS.batch_size, training=False)
     test_ds = data.batch_dataset(splits.test, FLAGS.batch_size, training=False)
+    train_ds, val_ds, test_ds = (distribute.with_shard_policy(ds, splits.info.in_memory)
+                                 for ds in (train_ds, val_ds, test_ds))
 
     # --- Train, logging to TensorBoard.
     os.makedirs(model_dir, exist_ok=True)
@@ -48,7 +76,9 @@ def main(argv):
                          summaries.markdown_table(common.flag_values())
                          + f"\n\n`{common.command_line()}`")
     throughput = summaries.ThroughputLogger(os.path.join(logdir, "train"), FLAGS.batch_size)
+    backup = resume.backup_callbacks(backup_dir, backup_freq, epochs=FLAGS.epochs)
     callbacks = [
+        *backup,  # first: the others then see the restored state
         summaries.LearningRateLogger(os.path.join(logdir, "train"), every_n_steps=10),
         throughput,
         keras.callbacks.TensorBoard(logdir, update_freq="epoch"),
@@ -71,10 +101,15 @@ def main(argv):
         "batch_size": FLAGS.batch_size,
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],
-        "validation_accuracy": float(history.history["val_accuracy"][-1]) if FLAGS.epochs else None,
+        "validation_accuracy": (float(history.history["val_accuracy"][-1])
+                                if history.history.get("val_accuracy") else None),
         "train_seconds": train_seconds,
         "examples_per_sec": throughput.history[-1]["examples_per_sec"] if throughput.history else None,
         "exports": exports,
+        "distribution": distribute.describe(strategy),
+        "per_replica_batch_size": per_replica_batch,
+        "learning_rate": learning_rate,
+        "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
     }
     io.write_json(os.path.join(model_dir, "metrics.json"), metrics)
     summaries.write_scalars(os.path.join(logdir, "test"),

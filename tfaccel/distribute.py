@@ -21,7 +21,7 @@ Example:
     model.fit(distribute.with_shard_policy(train_ds, in_memory=True), epochs=5)
 """
 
-import contextlib
+import atexit
 import json
 import os
 import shutil
@@ -315,8 +315,15 @@ def scale_learning_rate(learning_rate, num_replicas):
 
 
 def needs_drop_remainder(strategy):
-    """True when the strategy needs every batch full (TPUs compile static shapes)."""
-    return isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy))
+    """True when training batches must all be full under `strategy`.
+
+    TPUs compile static shapes. With several replicas Keras averages each
+    replica's mean loss, so a last partial batch split unevenly (say 32 + 9
+    examples) would weigh its examples unequally; dropping it keeps every step
+    exactly `global batch = per-replica batch x replicas`.
+    """
+    tpu = (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+    return isinstance(strategy, tpu) or strategy.num_replicas_in_sync > 1
 
 
 _READER_OPS = (b"TFRecordDataset", b"TextLineDataset", b"FixedLengthRecordDataset")
@@ -349,23 +356,27 @@ def with_shard_policy(dataset, in_memory):
     return dataset.with_options(options)
 
 
-@contextlib.contextmanager
 def worker_output_dir(model_dir, strategy):
-    """Yields where this process writes: `model_dir` on the chief, a temporary directory elsewhere.
+    """Where this process writes: `model_dir` on the chief, a fresh temporary directory elsewhere.
 
     Every worker runs the same code (saving and evaluating need all of them for
-    the collectives), but only the chief's files are kept: other workers'
-    directories are removed on exit, even after an error.
+    the collectives), but only the chief's files are kept: another worker's
+    directory is removed when the process exits, after an error too (not after
+    SIGKILL; it lives in the system's temporary folder).
+
+    Returns:
+      The directory to write logs, exports and reports to.
     """
     if is_chief(strategy):
-        yield model_dir
-        return
+        return model_dir
     resolver = strategy.cluster_resolver
     tmp = tempfile.mkdtemp(prefix=f"tfaccel-{resolver.task_type}{resolver.task_id}-")
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    return tmp
+
+
+_PUBLIC_NAMES = {"_DefaultDistributionStrategy": "default",
+                 "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
 
 
 def describe(strategy):
@@ -373,5 +384,6 @@ def describe(strategy):
     resolver = getattr(strategy, "cluster_resolver", None)
     task = f"{resolver.task_type}:{resolver.task_id}" if resolver is not None and resolver.task_type \
         else None
-    return {"strategy": type(strategy).__name__, "replicas": int(strategy.num_replicas_in_sync),
+    return {"strategy": _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__),
+            "replicas": int(strategy.num_replicas_in_sync),
             "workers": num_workers(strategy), "task": task, "chief": is_chief(strategy)}
