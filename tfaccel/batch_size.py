@@ -1,0 +1,178 @@
+"""Batch-size search: the batch with the best measured throughput that fits in memory.
+
+`find_batch_size` trains a copy of the real model on the real data at growing
+batch sizes (16, 32, 64, ... by default), a few timed steps each, and stops
+at the first out-of-memory error (GPU), at the first size whose peak memory
+exceeds a budget (CPU, where running out of memory means swapping or being
+killed instead of an error), or when throughput has stopped improving. It
+returns the size with the highest examples/s and the table of everything it
+measured. `search_batch_size` is the same search around any `measure`
+function, which is how the stopping rules are tested.
+
+A larger batch changes the optimization, not just the speed: consider
+scaling the learning rate with it.
+
+Example:
+
+    from tfaccel import batch_size
+
+    result = batch_size.find_batch_size(model, splits.train, max_batch_size=512)
+    print(result.batch_size)
+    for row in result.table:
+        print(row)
+"""
+
+import dataclasses
+
+import tensorflow as tf
+from absl import logging
+
+from tfaccel.errors import ConfigError, ModelError
+from tfaccel.keras import keras
+
+OK, OUT_OF_MEMORY, OVER_BUDGET = "ok", "out of memory", "over memory budget"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult:
+    """The chosen batch size and one row per size tried."""
+
+    batch_size: int
+    table: tuple
+    """Dicts: batch_size, status, examples_per_sec, ms_per_step, peak_memory_mb."""
+
+
+def candidate_sizes(start=16, max_batch_size=1024):
+    """Powers of two from `start` up to `max_batch_size` (inclusive)."""
+    if start < 1 or max_batch_size < start:
+        raise ConfigError(f"batch-size search range {start}..{max_batch_size} is empty: need "
+                          "1 <= start <= max_batch_size")
+    sizes, size = [], int(start)
+    while size <= max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2):
+    """Tries `candidates` in order with `measure`; returns the fastest that fit.
+
+    Args:
+      measure: `fn(batch_size) -> {'examples_per_sec', 'seconds_per_step',
+        'peak_memory_mb'}`; raises `tf.errors.ResourceExhaustedError` when out of memory.
+      candidates: increasing batch sizes.
+      memory_budget_mb: a size whose peak memory exceeds this is rejected and
+        ends the search (None: no budget).
+      patience: stop after this many sizes in a row without a new best throughput.
+
+    Returns:
+      A `BatchSizeResult`.
+
+    Raises:
+      ConfigError: not even the first candidate fits.
+    """
+    table, best, since_best = [], None, 0
+    for size in candidates:
+        try:
+            m = measure(size)
+        except tf.errors.ResourceExhaustedError:
+            table.append({"batch_size": size, "status": OUT_OF_MEMORY})
+            logging.info("batch size %d: out of memory", size)
+            break
+        row = {"batch_size": size, "status": OK, "examples_per_sec": m["examples_per_sec"],
+               "ms_per_step": 1000 * m["seconds_per_step"], "peak_memory_mb": m["peak_memory_mb"]}
+        if memory_budget_mb is not None and m["peak_memory_mb"] > memory_budget_mb:
+            row["status"] = OVER_BUDGET
+            table.append(row)
+            break
+        table.append(row)
+        logging.info("batch size %d: %.0f examples/s", size, row["examples_per_sec"])
+        if best is None or row["examples_per_sec"] > best["examples_per_sec"]:
+            best, since_best = row, 0
+        else:
+            since_best += 1
+            if since_best >= patience:
+                break
+    if best is None:
+        raise ConfigError(f"no batch size fits: {table[0]['batch_size']} already ran "
+                          f"{table[0]['status']}; lower the start size, raise the memory budget "
+                          "or use a smaller model")
+    return BatchSizeResult(batch_size=best["batch_size"], table=tuple(table))
+
+
+def _default_compile(model):
+    from tfaccel.precision import wrap_optimizer
+    from tfaccel.training import compile_classifier
+
+    compile_classifier(model, wrap_optimizer(keras.optimizers.Adam(1e-3),
+                                             keras.mixed_precision.global_policy().name))
+
+
+def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, steps=5):
+    """Throughput and peak memory of training a copy of `model` at `batch_size`.
+
+    Args:
+      model: a built Functional or Sequential tf_keras model (left untouched).
+      dataset: the unbatched training dataset of `(x, y)`.
+      batch_size: global batch size to try.
+      compile_fn: `fn(model)` compiling the copy as training will (default:
+        classifier loss, Adam, loss scaling under mixed_float16).
+      warmup, steps: untimed and timed steps.
+
+    Returns:
+      {'examples_per_sec', 'seconds_per_step', 'steps_per_sec', 'peak_memory_mb'}.
+    """
+    from tfaccel import memory, monitor
+
+    try:
+        trial = keras.models.clone_model(model)
+    except ValueError as e:
+        raise ModelError(f"batch-size search needs a Functional or Sequential model to copy, "
+                         f"{model.name!r} is not ({e})") from None
+    trial.set_weights(model.get_weights())
+    (compile_fn or _default_compile)(trial)
+    batches = dataset.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    memory.reset_peak_memory()
+    try:
+        measured = monitor.time_training(trial, batches, batch_size, warmup, steps)
+        measured["peak_memory_mb"] = max(memory.peak_memory_mb().values())
+    finally:
+        del trial
+        memory.free_memory()
+    return measured
+
+
+def default_memory_budget_mb():
+    """On CPU: current RSS plus half the memory still available; None with GPUs (OOM decides)."""
+    import psutil
+
+    from tfaccel import memory
+
+    if memory.gpu_devices():
+        return None
+    return memory.rss_mb() + 0.5 * psutil.virtual_memory().available / (1024 * 1024)
+
+
+def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=1024,
+                    memory_budget_mb="default", patience=2, warmup=2, steps=5):
+    """Searches growing batch sizes on the real model and data (see module doc).
+
+    Args:
+      model: a built Functional or Sequential tf_keras model (left untouched).
+      dataset: the unbatched training dataset.
+      compile_fn: see `measure_batch_size`.
+      start, max_batch_size: the range of powers of two to try.
+      memory_budget_mb: peak-memory budget in MB; 'default' uses
+        `default_memory_budget_mb()`, None disables it.
+      patience: see `search_batch_size`.
+      warmup, steps: untimed and timed steps per size.
+
+    Returns:
+      A `BatchSizeResult`.
+    """
+    if memory_budget_mb == "default":
+        memory_budget_mb = default_memory_budget_mb()
+    candidates = candidate_sizes(start, max_batch_size)
+    return search_batch_size(
+        lambda size: measure_batch_size(model, dataset, size, compile_fn, warmup, steps),
+        candidates, memory_budget_mb=memory_budget_mb, patience=patience)

@@ -1,0 +1,193 @@
+"""GPU memory controls and peak memory per epoch.
+
+TensorFlow grabs nearly all GPU memory by default. `configure_gpu_memory`
+offers its three alternatives: grow on demand (`growth`), a hard cap per GPU
+(`limit_mb`), and the `cuda_malloc_async` allocator (CUDA's stream-ordered
+memory pool, TensorFlow's answer to "use a memory pool"). All three must be set
+before TensorFlow initializes its GPUs, so call it first thing. On a machine
+without GPUs they do nothing and say so in a warning.
+
+`PeakMemoryLogger` logs the peak memory of each epoch to TensorBoard: GPU
+peaks from TensorFlow's memory info, else the process's peak resident memory.
+
+Example:
+
+    from tfaccel import memory
+
+    for warning in memory.configure_gpu_memory(growth=True):
+        print("warning:", warning)
+    model.fit(ds, epochs=3, callbacks=[memory.PeakMemoryLogger("runs/a/logs/train")])
+"""
+
+import gc
+import os
+import re
+
+import tensorflow as tf
+from absl import logging
+
+from tfaccel.errors import ConfigError
+from tfaccel.keras import keras
+
+ALLOCATORS = ("default", "cuda_malloc_async")
+_MB = 1024 * 1024
+
+
+def configure_gpu_memory(growth=False, limit_mb=None, allocator="default", gpus=None):
+    """Sets how TensorFlow allocates GPU memory; call before anything runs on a GPU.
+
+    Args:
+      growth: allocate GPU memory as needed instead of all of it up front.
+      limit_mb: cap each GPU at this many MB (a logical device of that size).
+      allocator: 'default' (TensorFlow's BFC allocator) or 'cuda_malloc_async'.
+      gpus: the physical GPUs to configure (default: all visible); for tests.
+
+    Returns:
+      A list of warnings (also logged): settings that had no effect, e.g. on a
+      machine without GPUs or after TensorFlow already initialized them.
+
+    Raises:
+      ConfigError: unknown allocator, `limit_mb` <= 0, or `growth` together
+        with `limit_mb` (TensorFlow accepts only one of them per GPU).
+    """
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"unknown GPU allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
+    if limit_mb is not None and limit_mb <= 0:
+        raise ConfigError(f"GPU memory limit {limit_mb} MB must be positive (or unset for no limit)")
+    if growth and limit_mb is not None:
+        raise ConfigError(f"memory growth and a memory limit ({limit_mb} MB) cannot be combined: "
+                          "choose growth (allocate on demand) or a limit (fixed cap)")
+    warnings = []
+    if allocator != "default":
+        # Read by TensorFlow when it creates the GPU devices, so it must be set first.
+        os.environ["TF_GPU_ALLOCATOR"] = allocator
+    gpus = tf.config.list_physical_devices("GPU") if gpus is None else gpus
+    asked = [name for name, on in (("memory growth", growth), (f"a {limit_mb} MB memory limit",
+                                                                 limit_mb is not None),
+                                   (f"the {allocator} allocator", allocator != "default")) if on]
+    if not gpus:
+        if asked:
+            warnings.append(f"no GPU visible: {' and '.join(asked)} ignored (they only apply to GPUs)")
+    else:
+        try:
+            for gpu in gpus:
+                if growth:
+                    tf.config.experimental.set_memory_growth(gpu, True)
+                if limit_mb is not None:
+                    tf.config.set_logical_device_configuration(
+                        gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=int(limit_mb))])
+        except RuntimeError as e:  # "Physical devices cannot be modified after being initialized"
+            warnings.append(f"GPU memory settings ignored: TensorFlow already initialized its GPUs "
+                            f"({e}); configure memory before building models or datasets")
+    for warning in warnings:
+        logging.warning("%s", warning)
+    return warnings
+
+
+def free_memory():
+    """Drops Keras's global state and collects garbage, e.g. between trials.
+
+    Models still referenced keep working; only unreferenced ones are freed.
+    """
+    keras.backend.clear_session()
+    gc.collect()
+
+
+def _proc_status_mb(field):
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) / 1024 if match else None
+
+
+def rss_mb():
+    """Resident memory of this process now, in MB."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / _MB
+
+
+def reset_peak_rss():
+    """Restarts the peak-RSS count (Linux: /proc/self/clear_refs); False if unsupported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb():
+    """Peak resident memory of this process since start or `reset_peak_rss`, in MB.
+
+    Falls back to the current RSS where the kernel does not report a peak.
+    """
+    peak = _proc_status_mb("VmHWM")
+    return peak if peak is not None else rss_mb()
+
+
+def gpu_devices():
+    """Names of the logical GPUs ('GPU:0', ...), empty on CPU-only machines."""
+    return [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
+
+
+def reset_peak_memory():
+    """Restarts the peak count of every GPU (or of the process RSS without GPUs)."""
+    devices = gpu_devices()
+    for device in devices:
+        tf.config.experimental.reset_memory_stats(device)
+    if not devices:
+        reset_peak_rss()
+
+
+def peak_memory_mb():
+    """{name: peak MB since `reset_peak_memory`}: 'gpu0_peak_mb', ... or 'peak_rss_mb'."""
+    devices = gpu_devices()
+    if devices:
+        return {f"gpu{i}_peak_mb": tf.config.experimental.get_memory_info(d)["peak"] / _MB
+                for i, d in enumerate(devices)}
+    return {"peak_rss_mb": peak_rss_mb()}
+
+
+class PeakMemoryLogger(keras.callbacks.Callback):
+    """Logs each epoch's peak memory to TensorBoard as `memory/<name>` and to `logs`.
+
+    Without GPUs the value is the process's peak RSS during the epoch (the
+    dataset, model, and TensorFlow runtime included); with GPUs, TensorFlow's
+    per-GPU allocator peak.
+
+    Example:
+
+        model.fit(ds, epochs=3, callbacks=[PeakMemoryLogger("runs/a/logs/train")])
+
+    Args:
+      logdir: TensorBoard log directory.
+    """
+
+    def __init__(self, logdir):
+        super().__init__()
+        self.logdir = str(logdir)
+        self.history = []
+        self._writer = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        reset_peak_memory()
+
+    def on_epoch_end(self, epoch, logs=None):
+        peaks = peak_memory_mb()
+        self.history.append(peaks)
+        if logs is not None:
+            logs.update(peaks)
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.logdir)
+        with self._writer.as_default():
+            for name, value in peaks.items():
+                tf.summary.scalar(f"memory/{name}", value, step=epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
