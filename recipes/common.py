@@ -131,6 +131,65 @@ def default_model_dir(prefix=""):
     return FLAGS.model_dir or os.path.join("runs", f"{prefix}{FLAGS.dataset}-{model_label()}")
 
 
+def define_pipeline_flags():
+    """--cache, --shuffle_buffer, --random_flip, --standardize, --deterministic (tfaccel.data)."""
+    flags.DEFINE_string("cache", "auto", "Cache decoded examples: auto (in memory when they fit "
+                        "2 GB), memory, none, or a file path prefix.")
+    flags.DEFINE_integer("shuffle_buffer", 0, "Shuffle buffer in examples (0: sized to 256 MB "
+                         "and at most the dataset).", lower_bound=0)
+    flags.DEFINE_bool("random_flip", False, "Random left-right flips in training.")
+    flags.DEFINE_bool("standardize", False, "Per-image standardization (zero mean, unit variance).")
+    flags.DEFINE_bool("deterministic", False, "Keep element order through parallel input stages "
+                      "(slower; off by default).")
+
+
+def pipeline_config(batch_size, drop_remainder=False):
+    """The `tfaccel.data.PipelineConfig` the pipeline flags ask for."""
+    from tfaccel.data import PipelineConfig
+
+    return PipelineConfig(batch_size=batch_size, cache=FLAGS.cache,
+                          shuffle_buffer=FLAGS.shuffle_buffer or None, random_flip=FLAGS.random_flip,
+                          standardize=FLAGS.standardize, deterministic=FLAGS.deterministic,
+                          drop_remainder=drop_remainder, on_bad_example=FLAGS.on_bad_example)
+
+
+def define_schedule_flags():
+    """--lr_schedule, --warmup_epochs, --decay_epochs, --decay_rate, --min_lr_ratio, piecewise."""
+    from tfaccel.schedules import SCHEDULES
+
+    # Plain strings, checked by tfaccel.schedules, so that a bad value is one 'error:' line.
+    flags.DEFINE_string("lr_schedule", "constant", f"Learning-rate schedule: {', '.join(SCHEDULES)}.")
+    flags.DEFINE_float("warmup_epochs", 0.0, "Linear warmup from 0 to --learning_rate (epochs).")
+    flags.DEFINE_float("decay_epochs", None, "step: epochs between decays; exponential, polynomial, "
+                       "cosine: decay length; cosine_restarts: first cycle; epoch_exponential: epochs "
+                       "kept before decaying (default 10). Default: derived from --epochs.")
+    flags.DEFINE_float("decay_rate", 0.1, "step/exponential: factor per decay; epoch_exponential: "
+                       "rate r of the per-epoch factor exp(-r).")
+    flags.DEFINE_float("min_lr_ratio", 0.0, "cosine, cosine_restarts, polynomial: final learning "
+                       "rate as a fraction of --learning_rate.")
+    flags.DEFINE_list("lr_boundaries", [], "piecewise: epochs (after warmup) where the rate changes.")
+    flags.DEFINE_list("lr_multipliers", [], "piecewise: --learning_rate multipliers, one more "
+                      "than --lr_boundaries.")
+
+
+def lr_schedule(learning_rate, steps_per_epoch):
+    """The `tfaccel.schedules` schedule the schedule flags ask for."""
+    from tfaccel.schedules import make_schedule
+
+    def floats(values, name):
+        try:
+            return [float(v) for v in values]
+        except ValueError:
+            raise TfaccelError(f"--{name}={','.join(values)} must be comma-separated numbers") from None
+
+    return make_schedule(FLAGS.lr_schedule, learning_rate, steps_per_epoch=steps_per_epoch,
+                         epochs=FLAGS.epochs, warmup_epochs=FLAGS.warmup_epochs,
+                         decay_epochs=FLAGS.decay_epochs, decay_rate=FLAGS.decay_rate,
+                         min_lr_ratio=FLAGS.min_lr_ratio,
+                         boundaries=floats(FLAGS.lr_boundaries, "lr_boundaries"),
+                         multipliers=floats(FLAGS.lr_multipliers, "lr_multipliers"))
+
+
 RECIPES_DIR = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -26,6 +26,10 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags()
 common.define_distribute_flags()
+common.define_pipeline_flags()
+common.define_schedule_flags()
+flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input pipeline and the "
+                  "train step alone and say which is the bottleneck (input-bound or compute-bound).")
 
 
 def main(argv):
@@ -35,7 +39,7 @@ def main(argv):
     # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
     if FLAGS.cpu_devices is not None:
         distribute.split_cpu(FLAGS.cpu_devices)
-    from tfaccel import data, io, resume, summaries, training
+    from tfaccel import data, diagnose, io, resume, summaries, training
     from tfaccel.keras import keras
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -59,13 +63,14 @@ def main(argv):
           f"learning rate {learning_rate:g}")
 
     # --- Model and data.
+    pipeline = common.pipeline_config(FLAGS.batch_size,
+                                      drop_remainder=distribute.needs_drop_remainder(strategy))
+    train_ds, val_ds, test_ds = data.build_splits(splits, pipeline, seed=FLAGS.seed)
+    schedule = common.lr_schedule(learning_rate, data.steps_per_epoch(
+        splits.info.num_examples["train"], FLAGS.batch_size, pipeline.drop_remainder))
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
-        optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
+        optimizer = training.make_optimizer(FLAGS.optimizer, schedule)
         training.compile_classifier(model, optimizer)
-    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
-                                  drop_remainder=distribute.needs_drop_remainder(strategy))
-    val_ds = data.batch_dataset(splits.validation, FLAGS.batch_size, training=False)
-    test_ds = data.batch_dataset(splits.test, FLAGS.batch_size, training=False)
     train_ds, val_ds, test_ds = (distribute.with_shard_policy(ds, splits.info.in_memory)
                                  for ds in (train_ds, val_ds, test_ds))
 
@@ -75,6 +80,14 @@ def main(argv):
     summaries.write_text(os.path.join(logdir, "train"), "config/flags",
                          summaries.markdown_table(common.flag_values())
                          + f"\n\n`{common.command_line()}`")
+    if splits.bad_files:
+        summaries.write_text(os.path.join(logdir, "train"), "data/skipped_bad_files",
+                             summaries.markdown_table([{"file": f, "reason": why}
+                                                       for f, why in splits.bad_files]))
+    if FLAGS.diagnose_input:
+        diagnosis = diagnose.diagnose_input(model, train_ds, config=pipeline)
+        print(diagnosis.summary())
+        diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
     throughput = summaries.ThroughputLogger(os.path.join(logdir, "train"), FLAGS.batch_size)
     backup = resume.backup_callbacks(backup_dir, backup_freq, epochs=FLAGS.epochs)
     callbacks = [

@@ -11,6 +11,7 @@ from tfaccel.data.pipeline import (
     build_pipeline,
     build_splits,
     pipeline_options,
+    steps_per_epoch,
 )
 from tfaccel.data.sources import (
     DATASETS,
@@ -54,5 +55,6 @@ __all__ = [
     "parse_feature_spec",
     "pipeline_options",
     "scan_tfrecords",
+    "steps_per_epoch",
     "write_image_tfrecords",
 ]

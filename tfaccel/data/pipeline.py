@@ -134,6 +134,11 @@ class PipelineConfig:
             raise ConfigError(f"shuffle_buffer={self.shuffle_buffer} must be at least 1")
 
 
+def steps_per_epoch(num_examples, batch_size, drop_remainder=False):
+    """Batches (optimizer steps without gradient accumulation) in one epoch."""
+    return max(1, num_examples // batch_size if drop_remainder else -(-num_examples // batch_size))
+
+
 def auto_shard_policy(info):
     """'data' for in-memory sources, 'file' for sources read from files (`DatasetInfo.in_memory`)."""
     return "data" if info.in_memory else "file"
