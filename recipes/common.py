@@ -48,13 +48,41 @@ def define_model_flags(default="cnn"):
                         "returning a tf_keras model; overrides --model.")
 
 
-def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3):
-    """--epochs, --batch_size, --optimizer, --learning_rate, --model_dir, --seed."""
+class BatchSizeParser(flags.ArgumentParser):
+    """A positive integer, or 'auto' when `allow_auto` (then FLAGS.batch_size is the string 'auto')."""
+
+    def __init__(self, allow_auto=False):
+        self.allow_auto = allow_auto
+
+    def parse(self, argument):
+        text = str(argument).strip().lower()
+        if self.allow_auto and text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1 or isinstance(argument, bool):
+            raise ValueError(f"{argument!r} is not a batch size: use a positive integer, e.g. 64"
+                             + (", or 'auto' to measure the fastest that fits" if self.allow_auto
+                                else ""))
+        return value
+
+    def flag_type(self):
+        return "int or 'auto'" if self.allow_auto else "int"
+
+
+def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_size=False):
+    """--epochs, --batch_size (may be 'auto' if `auto_batch_size`), --optimizer, --learning_rate,
+    --model_dir, --seed."""
     from tfaccel.training import OPTIMIZERS
 
     flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=0)
-    flags.DEFINE_integer("batch_size", batch_size, "Global batch size (over all replicas).",
-                         lower_bound=1)
+    flags.DEFINE(BatchSizeParser(auto_batch_size), "batch_size", batch_size,
+                 "Global batch size (over all replicas)" + (
+                     "; 'auto' trains a few steps at growing sizes and keeps the best measured "
+                     "throughput that fits in memory." if auto_batch_size else "."),
+                 serializer=flags.ArgumentSerializer())
     flags.DEFINE_enum("optimizer", "adam", OPTIMIZERS, "Optimizer.")
     flags.DEFINE_float("learning_rate", learning_rate, "Peak learning rate.", lower_bound=0.0)
     flags.DEFINE_string("model_dir", None, "Where logs, checkpoints, exports and reports go "
@@ -170,6 +198,29 @@ def define_schedule_flags():
     flags.DEFINE_list("lr_boundaries", [], "piecewise: epochs (after warmup) where the rate changes.")
     flags.DEFINE_list("lr_multipliers", [], "piecewise: --learning_rate multipliers, one more "
                       "than --lr_boundaries.")
+
+
+def define_performance_flags():
+    """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
+    from tfaccel.memory import ALLOCATORS
+    from tfaccel.precision import JIT_CHOICES, PRECISIONS
+
+    # Plain strings, checked by tfaccel.precision, so that a bad value is one 'error:' line.
+    flags.DEFINE_string("precision", "float32", f"{', '.join(PRECISIONS)}, or auto: time each on "
+                        "the actual model and data and keep the fastest (never slower than float32).")
+    flags.DEFINE_string("jit_compile", "false", f"XLA: {', '.join(JIT_CHOICES)} (auto: measured "
+                        "like --precision=auto).")
+    flags.DEFINE_integer("grad_accum_steps", 1, "Split each --batch_size batch into N micro-batches "
+                         "and accumulate their gradients into one update (memory of batch/N).")
+    flags.DEFINE_bool("memory_growth", False, "Allocate GPU memory on demand instead of all up front.")
+    flags.DEFINE_integer("gpu_memory_limit", None, "Cap each GPU at this many MB.")
+    flags.DEFINE_string("gpu_allocator", "default", f"GPU allocator: {', '.join(ALLOCATORS)} "
+                        "(cuda_malloc_async: CUDA's stream-ordered memory pool).")
+    flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.")
+    flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes whose peak "
+                       "RSS exceeds this (default: current RSS + half the available memory).")
+    flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
+                         "memory every N steps to TensorBoard; 0: off.")
 
 
 def lr_schedule(learning_rate, steps_per_epoch):

@@ -24,36 +24,76 @@ from absl import flags
 FLAGS = flags.FLAGS
 common.define_data_flags()
 common.define_model_flags()
-common.define_train_flags()
+common.define_train_flags(auto_batch_size=True)
 common.define_distribute_flags()
 common.define_pipeline_flags()
 common.define_schedule_flags()
+common.define_performance_flags()
 flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input pipeline and the "
                   "train step alone and say which is the bottleneck (input-bound or compute-bound).")
 
 
+def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
+    """Compiles `model` as this recipe trains it: loss scaling for float16, XLA, accumulation."""
+    from tfaccel import accumulate, precision, training
+
+    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
+    training.compile_classifier(model, precision.wrap_optimizer(optimizer, policy),
+                                jit_compile=jit_compile)
+    return accumulate.enable_gradient_accumulation(
+        model, FLAGS.grad_accum_steps if accum_steps is None else accum_steps)
+
+
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import distribute
+    from tfaccel import accumulate, batch_size, distribute, memory, monitor, precision
 
     # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
     if FLAGS.cpu_devices is not None:
         distribute.split_cpu(FLAGS.cpu_devices)
+    # GPU memory settings likewise (on a machine without GPUs they only warn).
+    memory.configure_gpu_memory(growth=FLAGS.memory_growth, limit_mb=FLAGS.gpu_memory_limit,
+                                allocator=FLAGS.gpu_allocator)
     from tfaccel import data, diagnose, io, resume, summaries, training
     from tfaccel.keras import keras
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
+    precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
+    jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
+    accumulate.check_accumulation_steps(FLAGS.grad_accum_steps)
     strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
                                         collective=FLAGS.collective)
     replicas = strategy.num_replicas_in_sync
-    per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
+    if FLAGS.batch_size != "auto":  # else checked once the search below has chosen it
+        per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
+        accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
     learning_rate = (distribute.scale_learning_rate(FLAGS.learning_rate, replicas)
                      if FLAGS.scale_lr else FLAGS.learning_rate)
     splits = common.load_data()
+    for warning in precision.precision_advice(precision_name):
+        print(f"warning: {warning}")
+    # The policy must be set before the model is built; auto starts from float32.
+    policy = "float32" if precision_name == "auto" else precision_name
+    precision.set_precision(policy)
     with strategy.scope():
         model = common.load_model(splits.info)
+        model = precision.apply_precision(model, policy)  # float32 outputs, loaded models too
+    search = None
+    if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
+        with strategy.scope():
+            search = batch_size.find_batch_size(
+                model, lambda size: data.build_pipeline(
+                    splits.train, common.pipeline_config(size, drop_remainder=True),
+                    training=True, info=splits.info, seed=FLAGS.seed),
+                compile_fn=lambda m: compile_model(m, learning_rate, policy, False, accum_steps=1),
+                start=replicas * -(-16 // replicas), max_batch_size=FLAGS.max_batch_size,
+                memory_budget_mb=FLAGS.memory_budget_mb or "default")
+        FLAGS.batch_size = search.batch_size * FLAGS.grad_accum_steps
+        print(f"batch size search:\n{summaries.markdown_table(list(search.table))}\n"
+              f"--batch_size=auto chose {FLAGS.batch_size}")
+        per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
     # Only the chief writes to --model_dir; other workers write to a temporary directory.
     model_dir = distribute.worker_output_dir(common.default_model_dir(), strategy)
     backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
@@ -68,9 +108,22 @@ def main(argv):
     train_ds, val_ds, test_ds = data.build_splits(splits, pipeline, seed=FLAGS.seed)
     schedule = common.lr_schedule(learning_rate, data.steps_per_epoch(
         splits.info.num_examples["train"], FLAGS.batch_size, pipeline.drop_remainder))
+    choice = None
+    if "auto" in (precision_name, jit_compile):  # short timed trials on this model and data
+        with strategy.scope():
+            choice = precision.auto_select(
+                model, train_ds, FLAGS.batch_size,
+                precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
+                jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
+                compile_fn=lambda m, p, j: compile_model(m, learning_rate, p, j))
+        policy, jit_compile = choice.precision, choice.jit_compile
+        print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
+              f"auto chose precision {policy}, jit_compile {jit_compile}")
+        precision.set_precision(policy)
+        with strategy.scope():
+            model = precision.apply_precision(model, policy)
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
-        optimizer = training.make_optimizer(FLAGS.optimizer, schedule)
-        training.compile_classifier(model, optimizer)
+        compile_model(model, schedule, policy, jit_compile)
     train_ds, val_ds, test_ds = (distribute.with_shard_policy(ds, splits.info.in_memory)
                                  for ds in (train_ds, val_ds, test_ds))
 
@@ -84,6 +137,17 @@ def main(argv):
         summaries.write_text(os.path.join(logdir, "train"), "data/skipped_bad_files",
                              summaries.markdown_table([{"file": f, "reason": why}
                                                        for f, why in splits.bad_files]))
+    train_logdir = os.path.join(logdir, "train")
+    summaries.write_text(train_logdir, "performance/layer_dtypes",
+                         summaries.markdown_table(precision.layer_dtypes(model)))
+    if search is not None:
+        monitor.write_trial_report(train_logdir, "performance/batch_size_search", list(search.table),
+                                   ["batch_size"], "examples_per_sec",
+                                   path=os.path.join(model_dir, "batch_size_search.png"))
+    if choice is not None:
+        monitor.write_trial_report(train_logdir, "performance/auto_precision", list(choice.table),
+                                   ["precision", "jit_compile"], "examples_per_sec",
+                                   path=os.path.join(model_dir, "auto_precision.png"))
     if FLAGS.diagnose_input:
         diagnosis = diagnose.diagnose_input(model, train_ds, config=pipeline)
         print(diagnosis.summary())
@@ -97,7 +161,10 @@ def main(argv):
         keras.callbacks.TensorBoard(logdir, update_freq="epoch"),
         keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
+        memory.PeakMemoryLogger(train_logdir),
     ]
+    if FLAGS.monitor_every_n_steps:
+        callbacks.append(monitor.HardwareMonitor(train_logdir, FLAGS.monitor_every_n_steps))
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs,
                         callbacks=callbacks, verbose=2)
@@ -119,6 +186,11 @@ def main(argv):
         "train_seconds": train_seconds,
         "examples_per_sec": throughput.history[-1]["examples_per_sec"] if throughput.history else None,
         "exports": exports,
+        "precision": policy,
+        "jit_compile": jit_compile,
+        "grad_accum_steps": FLAGS.grad_accum_steps,
+        "batch_size_search": list(search.table) if search else None,
+        "auto_precision_trials": list(choice.table) if choice else None,
         "distribution": distribute.describe(strategy),
         "per_replica_batch_size": per_replica_batch,
         "learning_rate": learning_rate,

@@ -113,7 +113,8 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
 
     Args:
       model: a built Functional or Sequential tf_keras model (left untouched).
-      dataset: the unbatched training dataset of `(x, y)`.
+      dataset: the unbatched training dataset of `(x, y)`, or `fn(batch_size)`
+        returning the batched one (e.g. built by `tfaccel.data.build_pipeline`).
       batch_size: global batch size to try.
       compile_fn: `fn(model)` compiling the copy as training will (default:
         classifier loss, Adam, loss scaling under mixed_float16).
@@ -131,7 +132,10 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
                          f"{model.name!r} is not ({e})") from None
     trial.set_weights(model.get_weights())
     (compile_fn or _default_compile)(trial)
-    batches = dataset.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    if callable(dataset):
+        batches = dataset(batch_size)
+    else:
+        batches = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
     memory.reset_peak_memory()
     try:
         measured = monitor.time_training(trial, batches, batch_size, warmup, steps)
@@ -159,7 +163,8 @@ def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=10
 
     Args:
       model: a built Functional or Sequential tf_keras model (left untouched).
-      dataset: the unbatched training dataset.
+      dataset: the unbatched training dataset, or `fn(batch_size)` returning
+        the batched one.
       compile_fn: see `measure_batch_size`.
       start, max_batch_size: the range of powers of two to try.
       memory_budget_mb: peak-memory budget in MB; 'default' uses
