@@ -1,0 +1,239 @@
+"""Measuring pruning: zeros counted in the weights, 2:4 checks, and what they save on disk.
+
+Everything here reads the weights themselves (not TF-MOT's masks or its
+schedule), so it works on a pruned model during training, on a stripped one,
+and on one loaded back from a file.
+
+Example:
+
+    from tfaccel import sparsity
+
+    report = sparsity.sparsity_report(stripped, layer_names=plan.pruned)
+    report["pruned"]["sparsity"]                     # e.g. 0.8000
+    sparsity.check_m_by_n(stripped, (2, 4), plan.pruned)["dense"]["violations"]   # 0
+    sparsity.model_sizes(stripped, "out/pruned")["h5"]["gzip_bytes"]
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfaccel.errors import ConfigError, ModelError
+from tfaccel.io import atomic_path, file_size, gzipped_size
+from tfaccel.keras import ensure_tf_keras, keras
+
+
+def _layers_with_kernels(model):
+    """[(name, layer, [kernel arrays]), ...], looking through pruning wrappers and nested models."""
+    from tfaccel.prune import _walk, _wrapper_class, prunable_weights
+
+    out = []
+    for layer in _walk(model):
+        wrapped = isinstance(layer, _wrapper_class())
+        inner = layer.layer if wrapped else layer
+        weights = [w for w, _, _ in layer.pruning_vars] if wrapped else prunable_weights(inner)
+        if weights:
+            out.append((inner.name, wrapped, [np.asarray(w.numpy()) for w in weights]))
+    return out
+
+
+def _summary(rows):
+    weights = sum(r["weights"] for r in rows)
+    zeros = sum(r["zeros"] for r in rows)
+    return {"layers": len(rows), "weights": weights, "zeros": zeros,
+            "sparsity": zeros / weights if weights else 0.0}
+
+
+def sparsity_report(model, layer_names=None):
+    """Per-layer and overall share of zero weights, counted in the kernels.
+
+    Args:
+      model: a pruned (wrapped) or stripped tf_keras model.
+      layer_names: the layers that were pruned (e.g. `PruningPlan.pruned`);
+        default: the wrapped layers of a pruned model, or every layer with a
+        kernel of a stripped one.
+
+    Returns:
+      {'layers': [{'layer', 'shape', 'weights', 'zeros', 'sparsity', 'pruned'}],
+       'pruned': totals over the pruned layers, 'all_kernels': totals over every
+       kernel, 'model': {'parameters', 'zeros', 'sparsity'} over all weights}.
+    """
+    ensure_tf_keras(model)
+    found = _layers_with_kernels(model)
+    if layer_names is None:
+        wrapped = [name for name, w, _ in found if w]
+        layer_names = wrapped or [name for name, _, _ in found]
+    missing = set(layer_names) - {name for name, _, _ in found}
+    if missing:
+        raise ModelError(f"layers {', '.join(sorted(missing))} have no prunable kernel in "
+                         f"{model.name!r}: pass the names of pruned layers")
+    rows = []
+    for name, _, kernels in found:
+        size = sum(k.size for k in kernels)
+        zeros = sum(int(np.count_nonzero(k == 0)) for k in kernels)
+        rows.append({"layer": name, "shape": "x".join(str(d) for d in kernels[0].shape),
+                     "weights": size, "zeros": zeros, "sparsity": zeros / size,
+                     "pruned": name in layer_names})
+    all_weights = [np.asarray(v.numpy()) for v in model.weights
+                   if v.dtype.is_floating and "mask" not in v.name and "threshold" not in v.name]
+    params = sum(w.size for w in all_weights)
+    zeros = sum(int(np.count_nonzero(w == 0)) for w in all_weights)
+    return {"layers": rows, "pruned": _summary([r for r in rows if r["pruned"]]),
+            "all_kernels": _summary(rows),
+            "model": {"parameters": params, "zeros": zeros, "sparsity": zeros / max(params, 1)}}
+
+
+def m_by_n_violations(kernel, m_by_n=(2, 4)):
+    """(groups, violations): groups of n consecutive input-channel weights with fewer than m zeros.
+
+    Groups run along the input-channel axis (axis -2 of Dense and Conv2D
+    kernels), as TF-MOT and TFLite's 2:4 kernels lay them out.
+    """
+    m, n = m_by_n
+    kernel = np.asarray(kernel)
+    if kernel.ndim not in (2, 4):
+        raise ModelError(f"{m}:{n} sparsity is defined for 2-D and 4-D kernels, not {kernel.shape}")
+    channels = kernel.shape[-2]
+    if channels % n:
+        raise ModelError(f"a kernel of shape {kernel.shape} has {channels} input channels, not a "
+                         f"multiple of {n}: it cannot hold {m}:{n} sparsity")
+    rows = np.moveaxis(kernel, -2, -1).reshape(-1, channels // n, n)
+    zeros = np.count_nonzero(rows == 0, axis=-1)
+    return int(zeros.size), int(np.count_nonzero(zeros < m))
+
+
+def check_m_by_n(model, m_by_n=(2, 4), layer_names=None):
+    """{layer: {'groups', 'violations', 'ok'}} of the m:n pattern in each pruned kernel.
+
+    Args:
+      model: a pruned or stripped model, e.g. loaded back from the saved file.
+      m_by_n: (m, n), e.g. (2, 4).
+      layer_names: the pruned layers; default as in `sparsity_report`.
+    """
+    if len(tuple(m_by_n)) != 2 or not 0 < m_by_n[0] < m_by_n[1]:
+        raise ConfigError(f"m_by_n={m_by_n!r} must be two integers 0 < m < n, e.g. (2, 4)")
+    names = {r["layer"] for r in sparsity_report(model, layer_names)["layers"] if r["pruned"]}
+    out = {}
+    for name, _, kernels in _layers_with_kernels(model):
+        if name in names:
+            groups = violations = 0
+            for k in kernels:
+                g, v = m_by_n_violations(k, m_by_n)
+                groups, violations = groups + g, violations + v
+            out[name] = {"groups": groups, "violations": violations, "ok": violations == 0}
+    return out
+
+
+def save_without_optimizer(model, path):
+    """Saves `model` as .h5 or .keras with no optimizer state (the fair file to compare)."""
+    with atomic_path(path) as tmp:
+        if str(path).endswith(".keras"):
+            # The .keras format always writes a compiled model's optimizer: save an uncompiled copy.
+            copy = keras.models.clone_model(model)
+            copy.set_weights(model.get_weights())
+            copy.save(tmp)
+        else:
+            model.save(tmp, include_optimizer=False)
+    return path
+
+
+def model_sizes(model, directory, name="model", tflite=True):
+    """Raw and gzipped bytes of `model` saved as .h5 (no optimizer) and converted to TFLite.
+
+    TFLite is converted twice: plain float, and with the converter's sparse
+    weight encoding (`EXPERIMENTAL_SPARSITY`, which only pays off on pruned
+    weights). A mixed precision model is measured as its float32 copy.
+
+    Returns:
+      {'h5': {'path', 'bytes', 'gzip_bytes'}, 'tflite': {...}, 'tflite_sparse': {...}}.
+    """
+    ensure_tf_keras(model)
+    os.makedirs(directory, exist_ok=True)
+    if any(layer.compute_dtype != "float32" for layer in model.layers):
+        from tfaccel.precision import apply_precision
+
+        model = apply_precision(model, "float32")
+    files = {"h5": save_without_optimizer(model, os.path.join(directory, f"{name}.h5"))}
+    if tflite:
+        from tfaccel.tflite import convert_to_tflite
+
+        files["tflite"] = convert_to_tflite(model, os.path.join(directory, f"{name}.tflite"))
+        files["tflite_sparse"] = convert_to_tflite(
+            model, os.path.join(directory, f"{name}_sparse.tflite"), optimize_sparsity=True)
+    return {k: {"path": p, "bytes": file_size(p), "gzip_bytes": gzipped_size(p)}
+            for k, p in files.items()}
+
+
+class SparsityLogger(keras.callbacks.Callback):
+    """Writes each pruned layer's measured sparsity, their total and the target to TensorBoard.
+
+    Tags: `sparsity/<layer>`, `sparsity/pruned_layers`, `sparsity/target` (the
+    schedule's value at the current pruning step) and `pruning/step`, at each
+    epoch end (step = epoch, as Keras's own epoch scalars).
+
+    Attributes:
+      history: one {'epoch', 'step', 'target', 'pruned_layers', <layer>: ...} per epoch.
+    """
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = str(log_dir)
+        self.history = []
+        self._writer = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tfaccel.prune import _walk, _wrapper_class
+
+        wrappers = [layer for layer in _walk(self.model) if isinstance(layer, _wrapper_class())]
+        if not wrappers:
+            return
+        report = sparsity_report(self.model)
+        step = int(wrappers[0].pruning_step.numpy())
+        schedule = wrappers[0].pruning_schedule
+        target = float(schedule(tf.constant(step, tf.int64))[1].numpy())
+        if wrappers[0].sparsity_m_by_n:
+            m, n = wrappers[0].sparsity_m_by_n
+            target = m / n
+        values = {f"sparsity/{r['layer']}": r["sparsity"] for r in report["layers"] if r["pruned"]}
+        values.update({"sparsity/pruned_layers": report["pruned"]["sparsity"],
+                       "sparsity/target": target, "pruning/step": step})
+        self.history.append({"epoch": epoch, **values})
+        if logs is not None:
+            logs["sparsity"] = report["pruned"]["sparsity"]
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self.log_dir)
+        with self._writer.as_default():
+            for tag, value in values.items():
+                tf.summary.scalar(tag, float(value), step=epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def plot_sparsity(report, path, target=None, title="Sparsity per layer"):
+    """Bar chart (PNG) of each layer's measured sparsity, pruned layers highlighted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["layers"]
+    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(rows) + 2), 3.2), dpi=100)
+    colors = ["tab:blue" if r["pruned"] else "tab:gray" for r in rows]
+    ax.bar([r["layer"] for r in rows], [100 * r["sparsity"] for r in rows], color=colors)
+    if target is not None:
+        ax.axhline(100 * target, color="tab:red", linestyle="--", label=f"target {target:.0%}")
+        ax.legend(loc="lower right")
+    ax.set_ylabel("zero weights (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title + " (gray: kept dense)")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return path
