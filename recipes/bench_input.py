@@ -1,0 +1,91 @@
+"""Is training input-bound or compute-bound? Measure both sides and say what to change.
+
+    python recipes/bench_input.py                                   # CNN on digits
+    python recipes/bench_input.py --dataset=image_dir --data_dir=/data/flowers --image_size=160,160 \\
+        --model=mobilenet_v2 --cache=none --random_flip
+
+Measures, in examples/s (best of --repeats after --warmup batches): the input
+pipeline alone (the same `tfaccel.data` pipeline the train recipe builds from
+the same flags) and the train step alone (the compiled model on a few batches
+held in memory). Prints the verdict ("input-bound" or "compute-bound") with
+both numbers and the suggestion that follows; writes diagnosis.json, a bar
+chart and the same to TensorBoard under --model_dir.
+"""
+
+import os
+
+import common
+from absl import flags
+
+FLAGS = flags.FLAGS
+common.define_data_flags()
+common.define_model_flags()
+common.define_train_flags(epochs=1)
+common.define_pipeline_flags()
+flags.DEFINE_integer("num_batches", 20, "Timed batches (and train steps) per run.", lower_bound=1)
+flags.DEFINE_integer("warmup", 3, "Untimed batches (and steps) before each run.", lower_bound=0)
+flags.DEFINE_integer("repeats", 3, "Timed runs; the best counts.", lower_bound=1)
+
+
+def main(argv):
+    common.reject_extra_args(argv)
+    from tfaccel import data, diagnose, io, summaries, training
+    from tfaccel.keras import keras
+
+    # --- Inputs: everything that can be wrong is checked before anything is measured.
+    keras.utils.set_random_seed(FLAGS.seed)
+    splits = common.load_data()
+    model = common.load_model(splits.info)
+    pipeline = common.pipeline_config(FLAGS.batch_size)
+    train_ds = data.build_pipeline(splits.train, pipeline, training=True, info=splits.info,
+                                   num_examples=splits.info.num_examples["train"], seed=FLAGS.seed)
+    training.compile_classifier(model, training.make_optimizer(FLAGS.optimizer, FLAGS.learning_rate))
+    model_dir = common.default_model_dir(prefix="bench_input-")
+
+    # --- Measure both sides.
+    print(f"measuring the input pipeline and the train step of {common.model_label()} on "
+          f"{FLAGS.dataset} (batch {FLAGS.batch_size}, best of {FLAGS.repeats}) ...", flush=True)
+    result = diagnose.diagnose_input(model, train_ds, config=pipeline, num_batches=FLAGS.num_batches,
+                                     warmup=FLAGS.warmup, repeats=FLAGS.repeats)
+
+    # --- Report.
+    rows = [{"measured": "input pipeline alone", "best examples/s": round(result.input_examples_per_sec),
+             "runs": ", ".join(f"{v:,.0f}" for v in result.input_runs)},
+            {"measured": "train step alone (cached data)", "best examples/s": round(result.step_examples_per_sec),
+             "runs": ", ".join(f"{v:,.0f}" for v in result.step_runs)}]
+    table = summaries.markdown_table(rows)
+    logdir = os.path.join(model_dir, "logs")
+    io.write_json(os.path.join(model_dir, "diagnosis.json"),
+                  {**result.as_dict(), "flags": common.flag_values(), "command": common.command_line()})
+    png = os.path.join(model_dir, "diagnosis.png")
+    _plot(png, result)
+    diagnose.write_diagnosis(logdir, result)
+    summaries.write_text(logdir, "input_diagnosis/table", table + f"\n\n`{common.command_line()}`")
+    summaries.write_png(logdir, "input_diagnosis/plot", png)
+    print("\n" + table + "\n\n" + result.summary())
+    print(f"\nwrote {model_dir}: diagnosis.json, diagnosis.png, logs/")
+
+
+def _plot(path, result):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tfaccel.io import atomic_path
+
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    values = [result.step_examples_per_sec, result.input_examples_per_sec]
+    ax.barh(["train step alone", "input pipeline alone"], values, color=["#4c72b0", "#c44e52"])
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:,.0f}", va="center")
+    ax.set_xlabel("examples/s (best of runs)")
+    ax.set_title(result.verdict)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    common.run(main)
