@@ -104,8 +104,10 @@ def read_text(logdir):
     acc = _load_events(logdir)
     out = {}
     for tag in acc.Tags().get("tensors", []):
-        events = acc.Tensors(tag)
-        arr = tf.make_ndarray(events[-1].tensor_proto)
+        meta = acc.summary_metadata.get(tag)
+        if meta is None or meta.plugin_data.plugin_name != "text":
+            continue
+        arr = tf.make_ndarray(acc.Tensors(tag)[-1].tensor_proto)
         if arr.dtype.kind in "OSU":
             flat = np.asarray(arr).reshape(-1)
             out[tag] = "\n".join(x.decode() if isinstance(x, bytes) else str(x) for x in flat)
@@ -176,7 +178,10 @@ def current_learning_rate(optimizer):
 
 
 class LearningRateLogger(keras.callbacks.Callback):
-    """Logs the learning rate every `every_n_steps` optimizer steps and at each epoch end."""
+    """Logs the learning rate every `every_n_steps` optimizer steps and at each epoch end.
+
+    The value logged at step s is the rate the s-th update used.
+    """
 
     def __init__(self, logdir, every_n_steps=10):
         super().__init__()

@@ -1,0 +1,85 @@
+"""tfaccel doctor: real facts here, advice logic on described machines."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfaccel import doctor
+
+CPU = {"type": "CPU", "name": "/physical_device:CPU:0"}
+VERSIONS = {"tensorflow": "2.21.0", "tf_keras": "2.21.0", "tensorflow-model-optimization": "0.8.1"}
+BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9",
+         "cuda_compute_capabilities": ["sm_60", "sm_70", "sm_80", "sm_89", "compute_90"]}
+
+
+def machine(*gpus, versions=VERSIONS, smi=None, features=("avx2", "fma"), growth=None):
+    return {"versions": dict(versions), "build": BUILD, "devices": [CPU, *gpus],
+            "gpus_seen_by_nvidia_smi": smi, "cpu": {"features": list(features)},
+            "memory_growth_env": growth}
+
+
+def gpu(cc, name="NVIDIA GeForce RTX 4090"):
+    return {"type": "GPU", "name": name, "compute_capability": cc, "memory_total_mb": 24564}
+
+
+def messages(facts, level=None):
+    return [a["message"] for a in doctor.advise(facts) if level in (None, a["level"])]
+
+
+def test_json_has_the_fields_and_says_cpu_only():
+    out = subprocess.run([sys.executable, "-m", "tfaccel", "doctor", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    facts = json.loads(out.stdout)
+    for key in ("python", "versions", "build", "devices", "driver_version", "xla", "onednn",
+                "cpu", "advice"):
+        assert key in facts
+    assert facts["versions"]["tensorflow"].startswith("2.")
+    assert {"cuda_version", "cudnn_version", "is_cuda_build"} <= set(facts["build"])
+    assert "built_with_xla" in facts["xla"] and "enabled" in facts["onednn"]
+    assert any(d["type"] == "CPU" for d in facts["devices"])
+    if not any(d["type"] == "GPU" for d in facts["devices"]):
+        assert any("No GPU visible" in a["message"] for a in facts["advice"])
+
+
+def test_human_report_runs():
+    out = subprocess.run([sys.executable, "-m", "tfaccel", "doctor"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0
+    assert "TF build" in out.stdout and "Advice" in out.stdout
+
+
+def test_cpu_only_machine():
+    said = " ".join(messages(machine()))
+    assert "No GPU visible" in said and "bfloat16 hardware" in said
+    assert "bfloat16 hardware" not in " ".join(messages(machine(features=("avx512_bf16",))))
+
+
+@pytest.mark.parametrize("cc,expected", [
+    ("8.9", "mixed_bfloat16"), ("7.5", "mixed_float16"), ("6.1", "keep float32")])
+def test_precision_advice_follows_compute_capability(cc, expected):
+    assert any(expected in m for m in messages(machine(gpu(cc))))
+
+
+def test_several_gpus_suggest_mirrored_and_memory_growth():
+    said = messages(machine(gpu("8.0", "A100"), gpu("8.0", "A100")))
+    assert any("--strategy=mirrored" in m for m in said)
+    assert any("--memory_growth" in m for m in said)
+    assert not any("--memory_growth" in m for m in messages(machine(gpu("8.0"), growth="true")))
+
+
+def test_driver_sees_gpu_tensorflow_does_not():
+    smi = [{"name": "RTX 4090", "driver_version": "550.54", "memory_total_mb": 24564,
+            "compute_capability": "8.9"}]
+    warnings = messages(machine(smi=smi), "warning")
+    assert any("TensorFlow sees none" in m and "tfaccel[gpu]" in m for m in warnings)
+
+
+def test_version_mismatch_and_missing_packages():
+    bad = dict(VERSIONS, tf_keras="2.19.0")
+    assert any("does not match TensorFlow" in m for m in messages(machine(versions=bad), "warning"))
+    missing = dict(VERSIONS, **{"tensorflow-model-optimization": None})
+    assert any("pruning and QAT" in m for m in messages(machine(versions=missing), "warning"))
+    assert not messages(machine(gpu("8.9"), growth="1"), "warning")

@@ -1,0 +1,47 @@
+"""tfaccel.summaries: what is written can be read back with TensorBoard's own reader."""
+
+import numpy as np
+import pytest
+
+from tfaccel import summaries
+from tfaccel.keras import keras
+
+
+def test_text_scalars_and_png_round_trip(tmp_path):
+    logdir = str(tmp_path)
+    table = summaries.markdown_table([{"variant": "int8", "accuracy": 0.98123}])
+    assert table.splitlines()[2] == "| int8 | 0.9812 |"
+    summaries.write_text(logdir, "report/table", table)
+    summaries.write_scalars(logdir, {"a": 1.5, "b": 2}, step=3)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(2, 2))
+    plt.plot([0, 1], [1, 0])
+    png = tmp_path / "plot.png"
+    fig.savefig(png)
+    plt.close(fig)
+    summaries.write_png(logdir, "report/plot", str(png))
+    assert summaries.read_text(logdir)["report/table"] == table
+    scalars = summaries.read_scalars(logdir)
+    assert scalars["a"] == [(3, 1.5)] and scalars["b"] == [(3, 2.0)]
+    assert summaries.read_image_tags(logdir) == ["report/plot"]
+
+
+def test_callbacks_log_throughput_and_learning_rate(tmp_path):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+    model.compile(keras.optimizers.SGD(schedule), "sparse_categorical_crossentropy")
+    x = np.zeros((40, 4), np.float32)
+    y = np.zeros((40,), np.int64)
+    throughput = summaries.ThroughputLogger(tmp_path, global_batch_size=8)
+    lr = summaries.LearningRateLogger(tmp_path, every_n_steps=2)
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[throughput, lr])
+    scalars = summaries.read_scalars(str(tmp_path))
+    assert [s for s, _ in scalars["epoch_examples_per_sec"]] == [0, 1]
+    assert all(v > 0 for _, v in scalars["epoch_examples_per_sec"])
+    logged = dict(scalars["learning_rate"])
+    assert sorted(logged) == [2, 4, 5, 6, 8, 10]
+    # Logged at step s: the rate the s-th update used, i.e. the schedule at s - 1.
+    for step, value in logged.items():
+        assert value == pytest.approx(0.1 * 0.5 ** (step - 1))

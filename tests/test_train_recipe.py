@@ -1,0 +1,149 @@
+"""recipes/train.py end to end: files, TensorBoard contents, and bad input."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import run_recipe
+from tfaccel import summaries
+from tfaccel.keras import keras
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("train") / "run"
+    proc = run_recipe("train", "--epochs=3", f"--model_dir={model_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model_dir, proc
+
+
+def test_writes_model_checkpoints_and_metrics(short_run):
+    model_dir, proc = short_run
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["epochs"] == 3 and metrics["dataset"] == "digits"
+    assert 0.5 < metrics["test_accuracy"] <= 1.0
+    assert metrics["examples_per_sec"] > 0
+    assert (model_dir / "saved_model" / "saved_model.pb").exists()
+    assert sorted(os.listdir(model_dir / "checkpoints")) == [
+        f"ckpt-{e:03d}.weights.h5" for e in (1, 2, 3)]
+    assert "--epochs=3" in (model_dir / "flags.cfg").read_text()
+    assert f"test accuracy {metrics['test_accuracy']:.4f}" in proc.stdout
+    # The exported model scores what metrics.json says.
+    from tfaccel.data import load_digits
+    test = load_digits().test.batch(512)
+    model = keras.models.load_model(model_dir / "model.keras")
+    _, acc = model.evaluate(test, verbose=0)
+    assert acc == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+    assert not [f for f in os.listdir(model_dir) if ".tmp-" in f]
+
+
+def test_tensorboard_event_files_hold_scalars_and_flags(short_run):
+    model_dir, _ = short_run
+    train = summaries.read_scalars(model_dir / "logs" / "train")
+    for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "epoch_examples_per_sec"):
+        assert tag in train, sorted(train)
+    assert [step for step, _ in train["epoch_loss"]] == [0, 1, 2]
+    assert train["epoch_loss"][-1][1] < train["epoch_loss"][0][1]
+    assert all(v == pytest.approx(1e-3) for _, v in train["learning_rate"])
+    validation = summaries.read_scalars(model_dir / "logs" / "validation")
+    assert {"epoch_loss", "epoch_accuracy"} <= set(validation)
+    flags_text = summaries.read_text(model_dir / "logs" / "train")["config/flags"]
+    assert "| epochs | 3 |" in flags_text and "| dataset | digits |" in flags_text
+    test = summaries.read_scalars(model_dir / "logs" / "test")
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert test["test_accuracy"][0][1] == pytest.approx(metrics["test_accuracy"], abs=1e-6)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_real_tensorboard_server_serves_the_run(short_run):
+    model_dir, _ = short_run
+    port = _free_port()
+    exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    server = subprocess.Popen([exe, "--logdir", str(model_dir / "logs"), "--host", "127.0.0.1",
+                               "--port", str(port)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 90
+        tags = None
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as r:
+                    tags = json.loads(r.read())
+                if tags.get("train"):
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert tags and "epoch_accuracy" in tags["train"] and "learning_rate" in tags["train"]
+        assert "epoch_accuracy" in tags["validation"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/text/tags",
+                                    timeout=5) as r:
+            assert "config/flags" in json.loads(r.read())["train"]
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_default_job_reaches_readme_accuracy(tmp_path):
+    """README command (a): the default flags reach >= 0.97 test accuracy on digits."""
+    proc = run_recipe("train", f"--model_dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["test_accuracy"] >= 0.97
+
+
+# Each case starts a Python with TensorFlow (~10 s): a few stay in the quick loop.
+slow = pytest.mark.slow
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--dataset=imagenet"], "--dataset=imagenet"),
+    (["--model=vgg99"], "unknown model 'vgg99'"),
+    pytest.param(["--batch_size=0"], "--batch_size=0", marks=slow),
+    pytest.param(["--epochs=-1"], "--epochs=-1", marks=slow),
+    (["--model=missing/model.keras"], "model file 'missing/model.keras' does not exist"),
+    pytest.param(["--model_fn=no_such_package.models:build"],
+                 "cannot import 'no_such_package.models'", marks=slow),
+    pytest.param(["--dataset=image_dir", "--data_dir=/no/such/folder"],
+                 "image folder '/no/such/folder' does not exist", marks=slow),
+    pytest.param(["--dataset=npz"], "npz file None does not exist", marks=slow),
+    pytest.param(["--optimizer=adamax"], "--optimizer=adamax", marks=slow),
+    pytest.param(["stray_argument"], "unexpected arguments 'stray_argument'", marks=slow),
+])
+def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train", *args, f"--model_dir={model_dir}", "--epochs=1", timeout=180)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines()
+            if line.startswith(("error:", "FATAL Flags parsing error"))]
+    assert len(ours) == 1, proc.stderr
+    assert expected in ours[0]
+    assert not model_dir.exists()
+
+
+@pytest.mark.slow
+def test_keras3_model_file_gets_the_keras_error(tmp_path):
+    import keras as keras3  # noqa: keras -- the wrong Keras, on purpose
+
+    path = tmp_path / "k3.keras"
+    inputs = keras3.Input((8, 8, 1))
+    keras3.Model(inputs, keras3.layers.Dense(10)(keras3.layers.Flatten()(inputs))).save(path)
+    proc = run_recipe("train", f"--model={path}", f"--model_dir={tmp_path / 'run'}", timeout=180)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "error:" in proc.stderr and not (tmp_path / "run").exists()

@@ -1,0 +1,235 @@
+"""`tfaccel doctor`: what this machine can do for training, and what to change.
+
+`collect()` reads the facts (versions, TensorFlow's build, devices, driver,
+XLA, oneDNN, CPU features); `advise(facts)` turns any such description into
+advice, so the advice logic can be checked with made-up machines (a GPU
+description needs no GPU). `format_report` prints both for people.
+
+Example:
+
+    from tfaccel import doctor
+
+    facts = doctor.collect()
+    for item in doctor.advise(facts):
+        print(item["level"], item["message"])
+"""
+
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+PACKAGES = ("tensorflow", "tf_keras", "tensorflow-model-optimization", "tensorboard", "numpy",
+            "ai-edge-litert")
+_CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def _version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_facts():
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and ":" in line:
+                    flags.update(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"model": model, "cores": os.cpu_count(), "machine": platform.machine(),
+            "features": sorted(f for f in _CPU_FEATURES if f in flags)}
+
+
+def _nvidia_smi():
+    """Rows from nvidia-smi, or None when it is not installed or fails."""
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,driver_version,memory.total,compute_cap",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    rows = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            rows.append({"name": parts[0], "driver_version": parts[1],
+                         "memory_total_mb": _number(parts[2]), "compute_capability": parts[3]})
+    return rows
+
+
+def _number(text):
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def collect():
+    """Facts about this machine and its TensorFlow, as a JSON-ready dict."""
+    import tensorflow as tf
+
+    build = dict(tf.sysconfig.get_build_info())
+    smi = _nvidia_smi()
+    devices = [{"type": "CPU", "name": d.name} for d in tf.config.list_physical_devices("CPU")]
+    for i, gpu in enumerate(tf.config.list_physical_devices("GPU")):
+        details = tf.config.experimental.get_device_details(gpu)
+        cc = details.get("compute_capability")
+        entry = {"type": "GPU", "name": details.get("device_name", gpu.name),
+                 "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+                 "memory_total_mb": None}
+        if smi and i < len(smi):
+            entry["memory_total_mb"] = smi[i]["memory_total_mb"]
+        devices.append(entry)
+    machine = platform.machine().lower()
+    onednn_env = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "versions": {p: _version(p) for p in PACKAGES},
+        "build": {
+            "is_cuda_build": bool(build.get("is_cuda_build")),
+            "cuda_version": build.get("cuda_version"),
+            "cudnn_version": build.get("cudnn_version"),
+            "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
+        },
+        "devices": devices,
+        "gpus_seen_by_nvidia_smi": smi,
+        "driver_version": smi[0]["driver_version"] if smi else None,
+        "cpu": _cpu_facts(),
+        "xla": {"built_with_xla": bool(tf.test.is_built_with_xla()),
+                "tf_xla_flags": os.environ.get("TF_XLA_FLAGS")},
+        # TensorFlow turns oneDNN on by default on x86-64 Linux unless the variable says 0.
+        "onednn": {"enabled": machine in ("x86_64", "amd64") and platform.system() == "Linux"
+                   and (onednn_env or "1").lower() not in ("0", "false"),
+                   "TF_ENABLE_ONEDNN_OPTS": onednn_env},
+        "memory_growth_env": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
+    }
+
+
+def _minor(version):
+    return ".".join((version or "").split(".")[:2])
+
+
+def _advice(level, message):
+    return {"level": level, "message": message}
+
+
+def _cc_value(cc):
+    try:
+        major, minor = str(cc).split(".")
+        return int(major) + int(minor) / 10
+    except (ValueError, AttributeError):
+        return None
+
+
+def advise(facts):
+    """Advice from a `collect()`-style dict: a list of {'level', 'message'}.
+
+    Levels: 'ok', 'info', 'warning'. Only the keys `versions`, `build`, `devices`,
+    `gpus_seen_by_nvidia_smi`, `cpu` and `memory_growth_env` are read, so tests and
+    users can describe any machine.
+    """
+    out = []
+    versions = facts.get("versions", {})
+    tf_v, keras_v, mot_v = (versions.get("tensorflow"), versions.get("tf_keras"),
+                            versions.get("tensorflow-model-optimization"))
+    if tf_v and keras_v and _minor(tf_v) != _minor(keras_v):
+        out.append(_advice("warning", f"tf_keras {keras_v} does not match TensorFlow {tf_v}: "
+                           f"pip install 'tf_keras=={_minor(tf_v)}.*'"))
+    if not keras_v:
+        out.append(_advice("warning", "tf_keras is not installed: pip install tf_keras "
+                           "(tfaccel and TF-MOT need Keras 2)"))
+    if not mot_v:
+        out.append(_advice("warning", "tensorflow-model-optimization is not installed: pruning and "
+                           "QAT will not work (pip install 'tensorflow-model-optimization>=0.8,<0.9')"))
+
+    gpus = [d for d in facts.get("devices", []) if d.get("type") == "GPU"]
+    smi = facts.get("gpus_seen_by_nvidia_smi")
+    build = facts.get("build", {})
+    features = set(facts.get("cpu", {}).get("features", []))
+    if not gpus:
+        if smi:
+            fix = ("install the CUDA libraries: pip install 'tfaccel[gpu]'"
+                   if build.get("is_cuda_build") else
+                   "this TensorFlow was built without CUDA: pip install 'tensorflow[and-cuda]'")
+            out.append(_advice("warning", f"nvidia-smi sees {len(smi)} GPU(s) but TensorFlow sees "
+                               f"none: {fix}"))
+        out.append(_advice("info", "No GPU visible: training runs on the CPU. Keep --precision=float32 "
+                           "and --jit_compile=false (or 'auto' to measure); mixed precision and "
+                           "GPU memory settings do not apply."))
+        if not ({"avx512_bf16", "amx_bf16"} & features):
+            out.append(_advice("info", "This CPU has no bfloat16 hardware (no AVX512_BF16/AMX): "
+                               "mixed_bfloat16 would run slower than float32 here."))
+        return out
+
+    out.append(_advice("ok", f"{len(gpus)} GPU(s): " + ", ".join(
+        f"{g.get('name')} (compute capability {g.get('compute_capability')})" for g in gpus)))
+    ccs = [_cc_value(g.get("compute_capability")) for g in gpus]
+    lowest = min((c for c in ccs if c is not None), default=None)
+    if lowest is not None:
+        if lowest >= 8.0:
+            out.append(_advice("info", "Tensor cores with bfloat16 and float16: use "
+                               "--precision=mixed_bfloat16 (no loss scaling) or mixed_float16."))
+        elif lowest >= 7.0:
+            out.append(_advice("info", "Tensor cores with float16: use --precision=mixed_float16 "
+                               "(loss scaling is automatic); bfloat16 needs compute capability 8.0."))
+        else:
+            out.append(_advice("warning", f"Compute capability {lowest} < 7.0: mixed precision "
+                               "will not speed training up here; keep float32."))
+    built_for = {c.replace("sm_", "").replace("compute_", "")
+                 for c in build.get("cuda_compute_capabilities", [])}
+    for g in gpus:
+        cc = (g.get("compute_capability") or "").replace(".", "")
+        if built_for and cc and cc not in built_for and not any(
+                b.isdigit() and int(b) <= int(cc) for b in built_for if b.isdigit()):
+            out.append(_advice("warning", f"TensorFlow was built for {sorted(built_for)} but "
+                               f"{g.get('name')} is {g.get('compute_capability')}: kernels are "
+                               "JIT-compiled at start (slow start-up)."))
+    if len(gpus) > 1:
+        out.append(_advice("info", f"{len(gpus)} GPUs: train on all of them with --strategy=mirrored "
+                           "(--batch_size is global)."))
+    if not facts.get("memory_growth_env"):
+        out.append(_advice("info", "TensorFlow reserves all GPU memory at start: pass "
+                           "--memory_growth if other processes share the GPU, and try "
+                           "--gpu_allocator=cuda_malloc_async against fragmentation."))
+    return out
+
+
+def format_report(facts, advice):
+    """A human-readable report of `facts` and `advice`."""
+    v = facts["versions"]
+    b = facts["build"]
+    lines = [
+        f"Python       {facts['python']} on {facts['platform']}",
+        "Packages     " + ", ".join(f"{k} {v[k] or 'missing'}" for k in v),
+        f"TF build     CUDA {b['cuda_version'] or '-'}, cuDNN {b['cudnn_version'] or '-'}"
+        f" (CUDA build: {'yes' if b['is_cuda_build'] else 'no'})",
+        f"CPU          {facts['cpu']['model']}, {facts['cpu']['cores']} cores, "
+        f"features: {', '.join(facts['cpu']['features']) or 'none of note'}",
+        f"Driver       {facts['driver_version'] or 'none (no nvidia-smi)'}",
+        f"XLA          {'built in' if facts['xla']['built_with_xla'] else 'not built'}; "
+        f"oneDNN {'on' if facts['onednn']['enabled'] else 'off'}",
+        "Devices",
+    ]
+    for d in facts["devices"]:
+        extra = ""
+        if d["type"] == "GPU":
+            extra = (f" compute capability {d['compute_capability']}, "
+                     f"{d['memory_total_mb'] or '?'} MB")
+        lines.append(f"  {d['type']:4} {d['name']}{extra}")
+    if not any(d["type"] == "GPU" for d in facts["devices"]):
+        lines.append("  (no GPU: this is a CPU-only machine)")
+    lines.append("Advice")
+    lines += [f"  [{a['level']}] {a['message']}" for a in advice]
+    return "\n".join(lines)
