@@ -174,6 +174,8 @@ def launch(command, num_workers, *, port_base=None, grace_seconds=5.0, timeout=N
     workers = _Workers(command, ports, dict(os.environ if env is None else env), out or sys.stdout)
     workers.say(f"launch: {num_workers} worker(s) on {', '.join(f'{HOST}:{p}' for p in ports)}: "
                 f"{' '.join(command)}")
+    for i, proc in enumerate(workers.procs):
+        workers.say(f"launch: worker {i} is pid {proc.pid}")
 
     interrupted = []
     previous = {}
@@ -253,7 +255,10 @@ def main(argv=None):
         own, command = argv[:split], argv[split + 1:]
     else:
         own, command = argv, []
-    args = _parser().parse_args(own)
+    try:
+        args = _parser().parse_args(own)
+    except SystemExit as e:  # --help, or a bad option already reported in one line
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     try:
         return launch(command, args.workers, port_base=args.port_base,
                       grace_seconds=args.grace_seconds, timeout=args.timeout)
