@@ -173,14 +173,22 @@ class SparsityLogger(keras.callbacks.Callback):
     epoch end (step = epoch, as Keras's own epoch scalars).
 
     Attributes:
-      history: one {'epoch', 'step', 'target', 'pruned_layers', <layer>: ...} per epoch.
+      history: one {'epoch', 'sparsity/...': ..., 'pruning/step'} per epoch.
+      start_step: the pruning step when `fit` started (after a resume: the restored one).
     """
 
     def __init__(self, log_dir):
         super().__init__()
         self.log_dir = str(log_dir)
         self.history = []
+        self.start_step = None
         self._writer = None
+
+    def on_train_begin(self, logs=None):
+        from tfaccel.prune import pruning_step
+
+        # Runs after BackupAndRestore and UpdatePruningStep (prune_to_sparsity's order).
+        self.start_step = pruning_step(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
         from tfaccel.prune import _walk, _wrapper_class
