@@ -31,7 +31,14 @@ from tfaccel.keras import keras
 SCHEDULES = ("constant", "step", "piecewise", "exponential", "polynomial", "cosine",
              "cosine_restarts", "one_cycle", "epoch_exponential")
 
-_register = keras.saving.register_keras_serializable(package="tfaccel")
+
+
+def _register(cls):
+    """Registers `cls` for both formats: as 'tfaccel>Name' (.keras) and by its bare, unique
+    class name, which is all the legacy .h5 loader looks up."""
+    cls = keras.saving.register_keras_serializable(package="tfaccel")(cls)
+    keras.saving.get_custom_objects()[cls.__name__] = cls
+    return cls
 
 
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
@@ -65,7 +72,7 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 @_register
-class Constant(WarmupSchedule):
+class ConstantSchedule(WarmupSchedule):
     """``learning_rate`` at every step (after the optional warmup)."""
 
     def __init__(self, learning_rate, **kwargs):
@@ -80,7 +87,7 @@ class Constant(WarmupSchedule):
 
 
 @_register
-class StepDecay(WarmupSchedule):
+class StepSchedule(WarmupSchedule):
     """``learning_rate * decay_rate ** floor(step / step_size)``."""
 
     def __init__(self, learning_rate, step_size, decay_rate=0.1, **kwargs):
@@ -99,7 +106,7 @@ class StepDecay(WarmupSchedule):
 
 
 @_register
-class Piecewise(WarmupSchedule):
+class PiecewiseSchedule(WarmupSchedule):
     """``values[i]`` for ``boundaries[i-1] <= step < boundaries[i]`` (len(values) = len(boundaries) + 1)."""
 
     def __init__(self, boundaries, values, **kwargs):
@@ -123,7 +130,7 @@ class Piecewise(WarmupSchedule):
 
 
 @_register
-class ExponentialDecay(WarmupSchedule):
+class ExponentialSchedule(WarmupSchedule):
     """``learning_rate * decay_rate ** (step / decay_steps)`` (floored when ``staircase``)."""
 
     def __init__(self, learning_rate, decay_steps, decay_rate=0.1, staircase=False, **kwargs):
@@ -144,7 +151,7 @@ class ExponentialDecay(WarmupSchedule):
 
 
 @_register
-class PolynomialDecay(WarmupSchedule):
+class PolynomialSchedule(WarmupSchedule):
     """``(lr - end) * (1 - min(step, decay_steps) / decay_steps) ** power + end``."""
 
     def __init__(self, learning_rate, decay_steps, end_learning_rate=0.0, power=1.0, **kwargs):
@@ -165,7 +172,7 @@ class PolynomialDecay(WarmupSchedule):
 
 
 @_register
-class CosineDecay(WarmupSchedule):
+class CosineSchedule(WarmupSchedule):
     """``lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)``."""
 
     def __init__(self, learning_rate, decay_steps, alpha=0.0, **kwargs):
@@ -186,7 +193,7 @@ class CosineDecay(WarmupSchedule):
 
 
 @_register
-class CosineDecayRestarts(WarmupSchedule):
+class CosineRestartsSchedule(WarmupSchedule):
     """SGDR: cosine cycles, the i-th ``first_decay_steps * t_mul**i`` long and peaking at ``lr * m_mul**i``."""
 
     def __init__(self, learning_rate, first_decay_steps, t_mul=2.0, m_mul=1.0, alpha=0.0, **kwargs):
@@ -216,7 +223,7 @@ class CosineDecayRestarts(WarmupSchedule):
 
 
 @_register
-class OneCycle(WarmupSchedule):
+class OneCycleSchedule(WarmupSchedule):
     """One-cycle: cosine from ``max_lr / div_factor`` up to ``max_lr`` over ``pct_start`` of
     ``total_steps``, then cosine down to ``max_lr / (div_factor * final_div_factor)``."""
 
@@ -249,7 +256,7 @@ class OneCycle(WarmupSchedule):
 
 
 @_register
-class EpochExponential(WarmupSchedule):
+class EpochExponentialSchedule(WarmupSchedule):
     """The classic Keras rule: keep ``learning_rate`` for ``hold_epochs`` epochs, then multiply
     by ``exp(-rate)`` each epoch: ``lr * exp(-rate * max(0, epoch - hold_epochs + 1))`` with
     ``epoch = floor(step / steps_per_epoch)``."""
@@ -338,23 +345,23 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
     after = max(epochs - warmup_epochs, 1.0 / steps_per_epoch)
     lr = float(learning_rate)
     if name == "constant":
-        return Constant(lr, **warm)
+        return ConstantSchedule(lr, **warm)
     if name == "step":
-        return StepDecay(lr, steps(decay_epochs or after / 3), decay_rate, **warm)
+        return StepSchedule(lr, steps(decay_epochs or after / 3), decay_rate, **warm)
     if name == "piecewise":
         if len(multipliers) != len(boundaries) + 1:
             raise ConfigError(f"piecewise schedule: {len(boundaries)} boundaries need "
                               f"{len(boundaries) + 1} multipliers, got {len(multipliers)}")
-        return Piecewise([steps(b) for b in boundaries], [lr * m for m in multipliers], **warm)
+        return PiecewiseSchedule([steps(b) for b in boundaries], [lr * m for m in multipliers], **warm)
     if name == "exponential":
-        return ExponentialDecay(lr, steps(decay_epochs or after), decay_rate, **warm)
+        return ExponentialSchedule(lr, steps(decay_epochs or after), decay_rate, **warm)
     if name == "polynomial":
-        return PolynomialDecay(lr, steps(decay_epochs or after), lr * min_lr_ratio, **warm)
+        return PolynomialSchedule(lr, steps(decay_epochs or after), lr * min_lr_ratio, **warm)
     if name == "cosine":
-        return CosineDecay(lr, steps(decay_epochs or after), min_lr_ratio, **warm)
+        return CosineSchedule(lr, steps(decay_epochs or after), min_lr_ratio, **warm)
     if name == "cosine_restarts":
-        return CosineDecayRestarts(lr, steps(decay_epochs or after / 3), alpha=min_lr_ratio, **warm)
+        return CosineRestartsSchedule(lr, steps(decay_epochs or after / 3), alpha=min_lr_ratio, **warm)
     if name == "one_cycle":
-        return OneCycle(lr, max(2, steps(after)), **warm)
-    return EpochExponential(lr, steps_per_epoch, 10 if decay_epochs is None else int(decay_epochs),
+        return OneCycleSchedule(lr, max(2, steps(after)), **warm)
+    return EpochExponentialSchedule(lr, steps_per_epoch, 10 if decay_epochs is None else int(decay_epochs),
                             decay_rate, **warm)
