@@ -189,18 +189,17 @@ def apply_precision(model, name):
 
     Raises:
       ConfigError: unknown precision.
-      ModelError: a subclassed model that does not already match (rebuild it
-        under the policy yourself and end it in a float32 layer).
+      ModelError: a subclassed model whose layers (but the last, which must be
+        float32) do not already compute under `name`: build it after
+        `set_precision` and end it in a layer with dtype='float32'.
     """
     check_precision(name)
     ensure_tf_keras(model)
     graph_model = isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)
     if not graph_model:
-        if not model.built:
-            raise ModelError(f"model {model.name!r} is not built: call it on data once before "
-                             "applying a precision")
-        if all(v.dtype == tf.float32 for v in tf.nest.flatten(model.outputs or [])) and \
-                all(layer.dtype_policy.name == name for layer in model.layers[:-1]):
+        *hidden, last = model.layers or [None]
+        if last is not None and last.dtype_policy.name == "float32" and \
+                all(layer.dtype_policy.name == name for layer in hidden):
             return model
         raise ModelError(f"model {model.name!r} is a subclassed model that does not compute under "
                          f"{name} with float32 outputs: build it after set_precision({name!r}) "
