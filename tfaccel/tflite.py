@@ -172,11 +172,15 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
 
 
 def make_interpreter(model, num_threads=None):
-    """A LiteRT interpreter (tf.lite's if LiteRT is missing) for a path or flatbuffer bytes."""
+    """A LiteRT interpreter (tf.lite's if LiteRT is missing) for a path or flatbuffer bytes.
+
+    When the default XNNPACK delegate cannot run the model (it rejects
+    sparse-encoded int8 weights, for one), the builtin kernels run it instead.
+    """
     try:
-        from ai_edge_litert.interpreter import Interpreter
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:  # LiteRT is an optional dependency
-        Interpreter = tf.lite.Interpreter
+        Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType
     source = {"model_content": bytes(model)} if isinstance(model, (bytes, bytearray)) \
         else {"model_path": str(model)}
     try:
@@ -185,7 +189,13 @@ def make_interpreter(model, num_threads=None):
         raise ModelError(f"cannot load TFLite model {source.get('model_path', '<bytes>')!r}: "
                          f"{str(e).splitlines()[0]}; give a .tflite file written by "
                          "convert_to_tflite") from None
-    interpreter.allocate_tensors()
+    try:
+        interpreter.allocate_tensors()
+    except RuntimeError:
+        interpreter = Interpreter(
+            **source, num_threads=num_threads,
+            experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        interpreter.allocate_tensors()
     return interpreter
 
 
