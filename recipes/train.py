@@ -124,8 +124,9 @@ def main(argv):
             model = precision.apply_precision(model, policy)
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
         compile_model(model, schedule, policy, jit_compile)
-    train_ds, val_ds, test_ds = (distribute.with_shard_policy(ds, splits.info.in_memory)
-                                 for ds in (train_ds, val_ds, test_ds))
+    train_ds, val_ds, test_ds = (
+        distribute.with_shard_policy(ds, splits.info.in_memory, distribute.num_workers(strategy))
+        for ds in (train_ds, val_ds, test_ds))
 
     # --- Train, logging to TensorBoard.
     os.makedirs(model_dir, exist_ok=True)

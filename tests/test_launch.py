@@ -215,6 +215,7 @@ def _weights(path):
 def test_two_workers_match_one_worker(tmp_path):
     # 1024 examples / global batch 64: no partial batch, so both runs take the same 16 steps.
     flags = ["--dataset=synthetic", "--synthetic_examples=1024", "--batch_size=64", "--epochs=1",
+             "--deterministic",  # the same batches in the same order in both runs
              "--optimizer=sgd", "--learning_rate=0.1", "--seed=3",
              "--model_fn=tests.test_launch:mlp_without_dropout"]
     two = _run_launcher(2, [*flags, "--strategy=multi_worker", f"--model_dir={tmp_path / 'two'}"])
@@ -229,7 +230,7 @@ def test_two_workers_match_one_worker(tmp_path):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
     accuracy = [json.loads((tmp_path / run / "metrics.json").read_text())["test_accuracy"]
                 for run in ("one", "two")]
-    assert accuracy[0] > 0.3, "the model did not learn: the comparison would say little"
+    assert accuracy[0] > 0.2, "no better than twice chance (0.1): the comparison would say little"
     assert accuracy[0] == pytest.approx(accuracy[1], abs=1e-6)
 
 

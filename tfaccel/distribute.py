@@ -349,10 +349,24 @@ def shard_policy(dataset, in_memory):
     return policy.DATA
 
 
-def with_shard_policy(dataset, in_memory):
-    """`dataset` with the auto-shard policy of `shard_policy` set, ready for `fit` under any strategy."""
+def with_shard_policy(dataset, in_memory, num_workers=1):
+    """`dataset` with the auto-shard policy of `shard_policy` set, ready for `fit` under any strategy.
+
+    With DATA sharding every worker runs the whole pipeline and keeps every
+    N-th batch, so all workers must produce the same order: with several
+    workers this also turns on `deterministic` (a non-deterministic parallel
+    map or batch would make workers skip some examples and repeat others).
+
+    Args:
+      dataset: a batched dataset.
+      in_memory: True for in-memory sources (`DatasetInfo.in_memory`).
+      num_workers: worker processes training together (`num_workers(strategy)`).
+    """
     options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = shard_policy(dataset, in_memory)
+    policy = shard_policy(dataset, in_memory)
+    options.experimental_distribute.auto_shard_policy = policy
+    if num_workers > 1 and policy == tf.data.experimental.AutoShardPolicy.DATA:
+        options.deterministic = True
     return dataset.with_options(options)
 
 
