@@ -44,8 +44,9 @@ def test_trains_digits_under_each_precision(digits, model_name, policy, epochs):
     assert np.allclose(probabilities.numpy().sum(axis=1), 1.0, atol=1e-5)
     hidden = {row["layer"]: row for row in precision.layer_dtypes(model)}
     expected = {"float32": "float32", "mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
-    assert hidden["dense_0"]["compute_dtype"] == expected[policy]
-    assert hidden["dense_0"]["variable_dtype"] == "float32"
+    first = "dense_0" if model_name == "mlp" else "conv_0"
+    assert hidden[first]["compute_dtype"] == expected[policy]
+    assert hidden[first]["variable_dtype"] == "float32"
     assert hidden["probabilities"]["compute_dtype"] == "float32"
     is_scaled = isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer)
     assert is_scaled == (policy == "mixed_float16")
@@ -214,5 +215,5 @@ def test_recipe_auto_picks_float32_without_xla_on_this_cpu(tmp_path):
     assert "| mixed_bfloat16 | False |" in proc.stdout  # the measured table, in the log
     texts = summaries.read_text(model_dir / "logs" / "train")
     assert texts["performance/auto_precision"].count("\n") == len(trials) + 1
-    assert "performance/auto_precision" in summaries.read_image_tags(model_dir / "logs" / "train")
+    assert "performance/auto_precision_plot" in summaries.read_image_tags(model_dir / "logs" / "train")
     assert (model_dir / "auto_precision.png").stat().st_size > 1000

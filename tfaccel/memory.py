@@ -67,7 +67,8 @@ def configure_gpu_memory(growth=False, limit_mb=None, allocator="default", gpus=
                                    (f"the {allocator} allocator", allocator != "default")) if on]
     if not gpus:
         if asked:
-            warnings.append(f"no GPU visible: {' and '.join(asked)} ignored (they only apply to GPUs)")
+            warnings.append(f"no GPU visible: {' and '.join(asked)} ignored (GPU memory "
+                            "settings only apply to GPUs)")
     else:
         try:
             for gpu in gpus:

@@ -120,6 +120,7 @@ class HardwareMonitor(keras.callbacks.Callback):
         self.logdir = str(logdir)
         self.every_n_steps = int(every_n_steps)
         self.sampler = sampler
+        self._owns_sampler = sampler is None
         self.history = []
         self._step = 0
         self._writer = None
@@ -147,9 +148,9 @@ class HardwareMonitor(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        close = getattr(self.sampler, "close", None)
-        if close is not None:
-            close()
+        if self._owns_sampler and self.sampler is not None:
+            if hasattr(self.sampler, "close"):
+                self.sampler.close()
             self.sampler = None
 
 
@@ -204,7 +205,7 @@ def time_training(model, dataset, batch_size, warmup=3, steps=10):
 
 
 def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, title=None):
-    """Writes a table of trials to TensorBoard (text) and a bar chart (image, and PNG file).
+    """Writes a table of trials to TensorBoard (text `tag`) and a bar chart (image `tag`_plot, and a PNG).
 
     Args:
       logdir: TensorBoard log directory.
@@ -243,7 +244,7 @@ def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, titl
     buf = _io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    summaries.write_png(logdir, tag, buf.getvalue())
+    summaries.write_png(logdir, f"{tag}_plot", buf.getvalue())
     if path:
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.write(buf.getvalue())
