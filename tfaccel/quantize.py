@@ -217,6 +217,36 @@ def _has_pruning_wrappers(model):
     return any("pruning_wrapper" in type(layer).__module__ for layer in model.layers)
 
 
+def check_qat_ready(model, only_layers=None, skip_layers=None):
+    """Checks, before any training, that `quantize_aware` will accept `model` as asked.
+
+    Returns:
+      (flat_model, names of the layers to quantize).
+
+    Raises:
+      ConfigError: unknown layer names in `only_layers` / `skip_layers`.
+      UnsupportedLayerError: layers the default 8-bit scheme cannot quantize.
+      ModelError: a model still wrapped for pruning.
+    """
+    ensure_tf_keras(model)
+    if _has_pruning_wrappers(model):
+        raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
+                         "(tfaccel.prune) before QAT")
+    model = flatten_model(model)
+    names = {layer.name for layer in model.layers}
+    for arg, given in (("only_layers", only_layers), ("skip_layers", skip_layers)):
+        unknown = sorted(set(given or ()) - names)
+        if unknown:
+            raise ConfigError(f"{arg} names unknown layers {', '.join(unknown)}: the model's "
+                              f"layers are {', '.join(sorted(names))}")
+    chosen = {layer.name for layer in model.layers
+              if not isinstance(layer, keras.layers.InputLayer)
+              and (only_layers is None or layer.name in only_layers)
+              and layer.name not in set(skip_layers or ())}
+    check_quantizable(model, chosen)
+    return model, chosen
+
+
 def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
     """A quantization-aware copy of `model`, ready to compile and fine-tune.
 
@@ -241,43 +271,28 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
     """
     if scheme not in SCHEMES:
         raise ConfigError(f"unknown QAT scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
-    ensure_tf_keras(model)
-    if _has_pruning_wrappers(model):
-        raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
-                         "(tfaccel.prune) before QAT")
-    model = flatten_model(model)
-    names = {layer.name for layer in model.layers}
-    for flag, given in (("only_layers", only_layers), ("skip_layers", skip_layers)):
-        unknown = sorted(set(given or ()) - names)
-        if unknown:
-            raise ConfigError(f"{flag} names unknown layers {', '.join(unknown)}: the model's "
-                              f"layers are {', '.join(sorted(names))}")
-    chosen = {layer.name for layer in model.layers
-              if not isinstance(layer, keras.layers.InputLayer)
-              and (only_layers is None or layer.name in only_layers)
-              and layer.name not in set(skip_layers or ())}
-    check_quantizable(model, chosen)
-
+    model, chosen = check_qat_ready(model, only_layers, skip_layers)
     if is_mixed_precision(model):
         logging.warning("QAT fine-tunes %r in float32, not under the mixed precision policy %r: "
                         "TF-MOT's fake-quant kernels have no float16 version",
                         model.name, keras.mixed_precision.global_policy().name)
     tfmot = _tfmot()
     with _float32_policy():
-        if is_mixed_precision(model):
+        if any(layer.dtype_policy.compute_dtype != "float32" for layer in model.layers):
             model = _as_float32(model)
-        annotate = tfmot.quantization.keras.quantize_annotate_layer
-
-        def annotate_chosen(layer):
-            return annotate(layer) if layer.name in chosen else layer
-
-        if len(chosen) == len(names) - len(model.inputs):
+        every_layer = {layer.name for layer in model.layers
+                       if not isinstance(layer, keras.layers.InputLayer)}
+        if chosen == every_layer:
             annotated = tfmot.quantization.keras.quantize_annotate_model(model)
         else:
-            annotated = keras.models.clone_model(model, clone_function=annotate_chosen)
+            annotate = tfmot.quantization.keras.quantize_annotate_layer
+            annotated = keras.models.clone_model(
+                model, clone_function=lambda layer: annotate(layer) if layer.name in chosen
+                else layer)
             annotated.set_weights(model.get_weights())
         if scheme == "prune_preserve":
-            quantize_scheme = tfmot.quantization.keras.collab_opts.Default8BitPrunePreserveQuantizeScheme()
+            quantize_scheme = (tfmot.quantization.keras.collab_opts
+                               .Default8BitPrunePreserveQuantizeScheme())
         else:
             quantize_scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
         with tfmot.quantization.keras.quantize_scope():

@@ -280,6 +280,39 @@ def evaluate_tflite(model, dataset, batch_size=256, num_threads=None, progress=T
             "num_examples": int(len(y)), "predictions": predictions}
 
 
+def _latency_runner(model, example, num_threads):
+    """A function timing `n` single-sample invocations of `model` (seconds each)."""
+    interpreter = make_interpreter(model, num_threads)
+    inp = interpreter.get_input_details()[0]
+    shape = [1, *inp["shape_signature"][1:]]
+    if example is None:
+        example = np.random.default_rng(0).random(shape, dtype=np.float32)
+    example = np.asarray(example, np.float32).reshape(shape)
+    if tuple(inp["shape"]) != tuple(shape):
+        interpreter.resize_tensor_input(inp["index"], shape)
+        interpreter.allocate_tensors()
+        inp = interpreter.get_input_details()[0]
+    quantized = _to_input(example, inp)
+
+    def timed(n):
+        times = np.empty(n)
+        for i in range(n):
+            start = time.perf_counter()
+            interpreter.set_tensor(inp["index"], quantized)
+            interpreter.invoke()
+            times[i] = time.perf_counter() - start
+        return times
+
+    return timed
+
+
+def _latency_stats(times, num_threads):
+    times = np.asarray(times) * 1e6
+    return {"mean_us": float(times.mean()), "p50_us": float(np.percentile(times, 50)),
+            "p90_us": float(np.percentile(times, 90)), "num_runs": int(times.size),
+            "num_threads": num_threads}
+
+
 def measure_latency(model, example=None, num_runs=200, warmup=20, num_threads=1):
     """Single-sample latency of a `.tflite` model after warm-up, in microseconds.
 
@@ -293,37 +326,80 @@ def measure_latency(model, example=None, num_runs=200, warmup=20, num_threads=1)
     Returns:
       {'mean_us', 'p50_us', 'p90_us', 'num_runs', 'num_threads'}.
     """
-    if num_runs < 1 or warmup < 0:
-        raise ConfigError(f"num_runs={num_runs}, warmup={warmup}: need num_runs >= 1, warmup >= 0")
-    interpreter = make_interpreter(model, num_threads)
-    inp = interpreter.get_input_details()[0]
-    shape = [1, *inp["shape_signature"][1:]]
-    if example is None:
-        example = np.random.default_rng(0).random(shape, dtype=np.float32)
-    example = np.asarray(example, np.float32).reshape(shape)
-    if tuple(inp["shape"]) != tuple(shape):
-        interpreter.resize_tensor_input(inp["index"], shape)
-        interpreter.allocate_tensors()
-        inp = interpreter.get_input_details()[0]
-    quantized = _to_input(example, inp)
-    for _ in range(warmup):
-        interpreter.set_tensor(inp["index"], quantized)
-        interpreter.invoke()
-    times = np.empty(num_runs)
-    for i in range(num_runs):
-        start = time.perf_counter()
-        interpreter.set_tensor(inp["index"], quantized)
-        interpreter.invoke()
-        times[i] = time.perf_counter() - start
-    times *= 1e6
-    return {"mean_us": float(times.mean()), "p50_us": float(np.percentile(times, 50)),
-            "p90_us": float(np.percentile(times, 90)), "num_runs": num_runs,
-            "num_threads": num_threads}
+    return compare_latency({"model": model}, example, num_runs, warmup, num_threads,
+                           rounds=1)["model"]
+
+
+def compare_latency(models, example=None, num_runs=200, warmup=20, num_threads=1, rounds=5):
+    """Single-sample latencies of several `.tflite` models, measured interleaved.
+
+    Each model runs `num_runs / rounds` timed invocations per round, in turn,
+    so that load from other processes on a shared machine falls on all of them
+    alike; their ratios are then fair even when the absolute times are noisy.
+
+    Example:
+
+        lat = compare_latency({"float": "f.tflite", "int8": "q.tflite"})
+        lat["float"]["p50_us"] / lat["int8"]["p50_us"]   # speed-up of int8
+
+    Args:
+      models: {name: `.tflite` path or bytes}.
+      example: one input (random if None).
+      num_runs: timed invocations per model in total.
+      warmup: untimed invocations per model first.
+      num_threads: interpreter threads.
+      rounds: how many interleaved rounds `num_runs` is split into.
+
+    Returns:
+      {name: {'mean_us', 'p50_us', 'p90_us', 'num_runs', 'num_threads'}}.
+    """
+    if num_runs < 1 or warmup < 0 or rounds < 1:
+        raise ConfigError(f"num_runs={num_runs}, warmup={warmup}, rounds={rounds}: need "
+                          "num_runs >= 1, warmup >= 0, rounds >= 1")
+    runners = {name: _latency_runner(model, example, num_threads) for name, model in models.items()}
+    for timed in runners.values():
+        timed(warmup)
+    per_round = max(1, num_runs // rounds)
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, timed in runners.items():
+            times[name].append(timed(per_round))
+    return {name: _latency_stats(np.concatenate(t), num_threads) for name, t in times.items()}
 
 
 def tflite_sizes(path):
     """{'bytes': raw size, 'gzip_bytes': gzip -9 size} of a `.tflite` file."""
     return {"bytes": file_size(path), "gzip_bytes": gzipped_size(path)}
+
+
+def weight_sparsity(model, min_weights=1024):
+    """Share of zeros in the weight tensors (>= `min_weights` elements) stored in a `.tflite` file.
+
+    Reads the constant tensors themselves, so it shows whether pruning's zeros
+    survived quantization and conversion (a sparse-encoded file is not read).
+
+    Returns:
+      {'weights': count, 'zeros': count, 'sparsity': share, 'tensors': {name: share}}.
+    """
+    interpreter = make_interpreter(model)
+    weights = zeros = 0
+    tensors = {}
+    for detail in interpreter.get_tensor_details():
+        if int(np.prod(detail["shape"])) < min_weights or len(detail["shape"]) < 2:
+            continue
+        try:
+            values = interpreter.get_tensor(detail["index"])
+        except ValueError:  # activations have no data outside invoke()
+            continue
+        if detail["sparsity_parameters"]:
+            continue
+        zero = int(np.count_nonzero(values == detail["quantization"][1]
+                                    if np.issubdtype(values.dtype, np.integer) else values == 0))
+        weights += values.size
+        zeros += zero
+        tensors[detail["name"]] = zero / values.size
+    return {"weights": weights, "zeros": zeros, "sparsity": zeros / weights if weights else 0.0,
+            "tensors": tensors}
 
 
 def prediction_agreement(predictions_a, predictions_b):

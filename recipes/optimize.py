@@ -1,0 +1,227 @@
+"""Make a classifier small and fast, and show the trade-off: one command.
+
+    python recipes/optimize.py                       # digits CNN: train, prune, QAT, TFLite
+    python recipes/optimize.py --flagfile=recipes/presets/optimize_digits_cnn.cfg
+    python recipes/optimize.py --model=runs/digits-cnn/model.keras --variants=float,int8,qat_int8
+    tensorboard --logdir runs/optimize-digits-cnn/logs
+
+A zoo --model is trained for --epochs; a .keras/.h5/SavedModel --model is
+taken as trained. Then each variant in --variants is built and measured as a
+TFLite file: `float`, `dynamic` (int8 weights), `int8` (full-integer
+post-training quantization calibrated on --calibration_samples training
+examples), `float16`, `int16x8`, `qat_int8` (quantization-aware fine-tuning,
+then int8) and `pruned_qat_int8` (prune to --sparsity, then prune-preserving
+QAT so the zeros survive, then int8). With --prune_block_size other than 1,1
+pruning runs in two stages: 2-D (Dense) kernels in blocks first, then every
+prunable kernel element-wise at the same sparsity, holding the blocks' zeros.
+
+Writes to --model_dir: float/model.keras, tflite/<variant>.tflite, report.md,
+report.json and report.png (accuracy vs gzipped size), and TensorBoard logs
+(logs/<stage>: training curves; logs/report: the table as text, the plot as an
+image, and per-variant scalars).
+"""
+
+import os
+import time
+
+import common
+from absl import flags
+
+VARIANTS = ("float", "dynamic", "int8", "float16", "int16x8", "qat_int8", "pruned_qat_int8")
+PTQ = {"float": "float", "dynamic": "dynamic", "int8": "int8", "float16": "float16",
+       "int16x8": "int16x8"}
+DESCRIPTIONS = {
+    "float": "float32 TFLite", "dynamic": "PTQ dynamic range (int8 weights)",
+    "int8": "PTQ full integer int8", "float16": "PTQ float16 weights",
+    "int16x8": "PTQ int16 activations, int8 weights", "qat_int8": "QAT, int8",
+    "pruned_qat_int8": "pruned + prune-preserving QAT, int8"}
+
+FLAGS = flags.FLAGS
+common.define_data_flags()
+common.define_model_flags()
+common.define_train_flags(epochs=30)
+common.define_distribute_flags()
+flags.DEFINE_list("variants", ["float", "dynamic", "int8", "qat_int8", "pruned_qat_int8"],
+                  f"Variants to build and compare: {', '.join(VARIANTS)} (float is always built: "
+                  "the baseline of the ratios).")
+flags.DEFINE_float("sparsity", 0.8, "pruned_qat_int8: share of zeros in the pruned layers.")
+flags.DEFINE_integer("prune_epochs", 8, "pruned_qat_int8: epochs of pruning (ramp to --sparsity).",
+                     lower_bound=1)
+flags.DEFINE_integer("prune_hold_epochs", 4, "pruned_qat_int8 with block pruning: epochs of the "
+                     "element-wise second stage.", lower_bound=0)
+flags.DEFINE_list("prune_block_size", ["16", "1"], "rows,cols of Dense kernel blocks pruned "
+                  "together (16,1: 16 consecutive inputs of one unit, contiguous in TFLite); 1,1 "
+                  "for element-wise pruning only.")
+flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning (default: "
+                   "--learning_rate / 2).", lower_bound=0.0)
+flags.DEFINE_integer("qat_epochs", 3, "Epochs of quantization-aware fine-tuning.", lower_bound=1)
+flags.DEFINE_float("qat_learning_rate", None, "Learning rate of QAT (default: --learning_rate / 10).",
+                   lower_bound=0.0)
+flags.DEFINE_list("qat_skip_layers", [], "Layers QAT leaves in float (e.g. unsupported ones).")
+flags.DEFINE_integer("calibration_samples", 200, "int8/int16x8: training examples that calibrate "
+                     "activation ranges.", lower_bound=1)
+flags.DEFINE_integer("latency_runs", 500, "Timed single-sample runs per variant (interleaved).",
+                     lower_bound=1)
+flags.DEFINE_integer("latency_threads", 1, "Interpreter threads for latency.", lower_bound=1)
+
+
+def main(argv):
+    common.reject_extra_args(argv)
+    from tfaccel import distribute
+
+    if FLAGS.cpu_devices is not None:  # before TensorFlow initializes its devices
+        distribute.split_cpu(FLAGS.cpu_devices)
+    import numpy as np
+
+    from tfaccel import data, io, prune, quantize, report, summaries, tflite, training
+    from tfaccel.errors import ConfigError
+    from tfaccel.keras import keras
+    from tfaccel.models import is_model_path
+
+    # --- Inputs: everything that can be wrong is checked before anything is written.
+    keras.utils.set_random_seed(FLAGS.seed)
+    unknown = [v for v in FLAGS.variants if v not in VARIANTS]
+    if unknown or not FLAGS.variants:
+        raise ConfigError(f"--variants={','.join(FLAGS.variants)}: unknown {', '.join(unknown)}; "
+                          f"choose from {', '.join(VARIANTS)}")
+    variants = ["float"] + [v for v in dict.fromkeys(FLAGS.variants) if v != "float"]
+    sparsity = prune.check_sparsity(FLAGS.sparsity, "--sparsity")
+    block = common._ints(FLAGS.prune_block_size, "prune_block_size")
+    if len(block) != 2:
+        raise ConfigError(f"--prune_block_size={','.join(FLAGS.prune_block_size)} must be rows,cols")
+    strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
+                                        collective=FLAGS.collective)
+    drop = distribute.needs_drop_remainder(strategy)
+    distribute.per_replica_batch_size(FLAGS.batch_size, strategy.num_replicas_in_sync)
+    prune_lr = FLAGS.prune_learning_rate or FLAGS.learning_rate / 2
+    qat_lr = FLAGS.qat_learning_rate or FLAGS.learning_rate / 10
+    splits = common.load_data()
+    with strategy.scope():
+        model = common.load_model(splits.info)
+    skip = FLAGS.qat_skip_layers or None
+    if any(v.endswith("qat_int8") for v in variants):
+        quantize.check_qat_ready(model, skip_layers=skip)
+    steps = data.steps_per_epoch(splits.info.num_examples["train"], FLAGS.batch_size, drop)
+    if "pruned_qat_int8" in variants:
+        prune.plan_pruning(model, prune.PruneConfig(block_size=block))
+        prune.make_pruning_schedule(sparsity, FLAGS.prune_epochs, steps)
+    model_dir = common.default_model_dir("optimize-")
+    logdir = os.path.join(model_dir, "logs")
+    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
+                                  drop_remainder=drop)
+    test_ds = data.batch_dataset(splits.test, 256, training=False)
+    test_x, labels = (np.concatenate(a) for a in zip(*test_ds.as_numpy_iterator()))
+    os.makedirs(model_dir, exist_ok=True)
+    io.write_text(os.path.join(model_dir, "flags.cfg"), FLAGS.flags_into_string())
+    summaries.write_text(os.path.join(logdir, "report"), "config/flags",
+                         summaries.markdown_table(common.flag_values())
+                         + f"\n\n`{common.command_line()}`")
+    start = time.perf_counter()
+
+    def compiled(m, learning_rate):
+        with strategy.scope():
+            training.compile_classifier(m, training.make_optimizer(FLAGS.optimizer, learning_rate))
+        return m
+
+    def fit(m, learning_rate, epochs, stage, callbacks=()):
+        compiled(m, learning_rate)
+        if epochs:
+            print(f"--- {stage}: {epochs} epochs at learning rate {learning_rate:g}")
+            m.fit(train_ds, epochs=epochs, verbose=2, callbacks=[
+                *callbacks, keras.callbacks.TensorBoard(os.path.join(logdir, stage))])
+        return m
+
+    def predictions(m):
+        return m.predict(test_ds, verbose=0).argmax(-1)
+
+    # --- Float model: trained here (zoo) or taken as given (a saved model).
+    trained_here = not is_model_path(FLAGS.model) or bool(FLAGS.model_fn)
+    fit(model, FLAGS.learning_rate, FLAGS.epochs if trained_here else 0, "float")
+    float_keras = training.evaluate(model, test_ds)["accuracy"]
+    float_pred = predictions(model)
+    with io.atomic_path(os.path.join(model_dir, "float", "model.keras")) as tmp:
+        model.save(tmp)
+    print(f"float Keras test accuracy {float_keras:.4f}")
+
+    # --- Build each variant as a .tflite file, remembering the Keras model it came from.
+    tflite_dir = os.path.join(model_dir, "tflite")
+    built = {}  # variant -> (path, predictions of its Keras source)
+    for variant in [v for v in variants if v in PTQ]:
+        path = tflite.convert_to_tflite(model, os.path.join(tflite_dir, f"{variant}.tflite"),
+                                        mode=PTQ[variant], representative_data=splits.train,
+                                        num_calibration_samples=FLAGS.calibration_samples)
+        built[variant] = (path, float_pred)
+    extra = {}
+    if "qat_int8" in variants:
+        with strategy.scope():
+            qat = quantize.quantize_aware(model, skip_layers=skip)
+        fit(qat, qat_lr, FLAGS.qat_epochs, "qat")
+        extra["qat_keras_accuracy"] = training.evaluate(qat, test_ds)["accuracy"]
+        path = tflite.convert_to_tflite(qat, os.path.join(tflite_dir, "qat_int8.tflite"), "int8")
+        built["qat_int8"] = (path, predictions(qat))
+    if "pruned_qat_int8" in variants:
+        stages = [("prune", prune.PruneConfig(block_size=block), FLAGS.prune_epochs)]
+        if block != (1, 1) and FLAGS.prune_hold_epochs:
+            stages.append(("prune_hold", prune.PruneConfig(schedule="constant"),
+                           FLAGS.prune_hold_epochs))
+        pruned = model
+        for stage, config, epochs in stages:
+            with strategy.scope():
+                wrapped, callbacks = prune.prune_to_sparsity(
+                    pruned, sparsity, epochs, steps, config,
+                    log_dir=os.path.join(logdir, stage, "sparsity"))
+            fit(wrapped, prune_lr, epochs, stage, callbacks)
+            pruned = prune.strip_pruning(wrapped)
+        extra["pruned_keras_accuracy"] = training.evaluate(compiled(pruned, prune_lr),
+                                                           test_ds)["accuracy"]
+        with strategy.scope():
+            pqat = quantize.quantize_aware(pruned, scheme="prune_preserve", skip_layers=skip)
+        fit(pqat, qat_lr, FLAGS.qat_epochs, "pruned_qat")
+        extra["pruned_qat_keras_accuracy"] = training.evaluate(pqat, test_ds)["accuracy"]
+        path = tflite.convert_to_tflite(pqat, os.path.join(tflite_dir, "pruned_qat_int8.tflite"),
+                                        "int8")
+        built["pruned_qat_int8"] = (path, predictions(pqat))
+        extra["pruned_qat_int8_weight_sparsity"] = tflite.weight_sparsity(path)["sparsity"]
+
+    # --- Measure every file: accuracy, agreement, size, latency (interleaved, same load).
+    latency = tflite.compare_latency({v: p for v, (p, _) in built.items()},
+                                     num_runs=FLAGS.latency_runs,
+                                     num_threads=FLAGS.latency_threads)
+    measured = []
+    for variant, (path, source_pred) in built.items():
+        print(f"evaluating {variant}")
+        result = tflite.evaluate_tflite(path, (test_x, labels))
+        measured.append({
+            "variant": variant, "description": DESCRIPTIONS[variant],
+            "accuracy": result["accuracy"], **tflite.tflite_sizes(path),
+            "latency_p50_us": latency[variant]["p50_us"],
+            "latency_mean_us": latency[variant]["mean_us"],
+            "agreement_with_float": tflite.prediction_agreement(result["predictions"], float_pred),
+            "agreement_with_source": tflite.prediction_agreement(result["predictions"],
+                                                                 source_pred),
+            "path": path})
+    rows = report.comparison_rows(measured, "float", reference_accuracy=float_keras)
+
+    # --- Report: markdown + JSON + PNG, and the same in TensorBoard.
+    summary = {"dataset": FLAGS.dataset, "model": common.model_label(),
+               "parameters": int(model.count_params()), "float_keras_accuracy": float_keras,
+               "trained_here": trained_here, "sparsity_target": sparsity,
+               "prune_block_size": "x".join(map(str, block)),
+               "latency_threads": FLAGS.latency_threads, "latency_runs": FLAGS.latency_runs,
+               "distribution": distribute.describe(strategy)["strategy"],
+               "seconds": time.perf_counter() - start, **extra,
+               "command": common.command_line()}
+    paths = report.write_report(model_dir, os.path.join(logdir, "report"), rows, summary,
+                                title=f"Optimizing {summary['model']} on {FLAGS.dataset}",
+                                reference_accuracy=float_keras)
+    summaries.write_scalars(os.path.join(logdir, "report"), {
+        **{f"accuracy/{r['variant']}": r["accuracy"] for r in rows},
+        **{f"gzip_ratio/{r['variant']}": r["gzip_ratio"] for r in rows},
+        **{f"speedup/{r['variant']}": r["speedup"] for r in rows}})
+    print("\n" + open(paths["markdown"]).read())
+    print(f"wrote {model_dir}: report.md, report.json, report.png, tflite/, float/, logs/")
+    print(f"inspect: tensorboard --logdir {logdir}")
+
+
+if __name__ == "__main__":
+    common.run(main)

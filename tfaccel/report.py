@@ -1,0 +1,131 @@
+"""The size / speed / accuracy comparison of a model's optimized variants.
+
+`comparison_rows` turns per-variant measurements into table rows with ratios
+against a baseline variant (normally the float TFLite file);
+`plot_accuracy_vs_size` draws accuracy against gzipped size; `write_report`
+writes the table as markdown and JSON plus the plot, and puts the same table
+(text) and plot (image) into TensorBoard.
+
+Example:
+
+    from tfaccel import report
+
+    rows = report.comparison_rows(measured, baseline="float", reference_accuracy=0.981)
+    report.write_report("runs/opt", "runs/opt/logs/report", rows, {"model": "cnn"})
+"""
+
+import os
+
+from tfaccel import summaries
+from tfaccel.errors import ConfigError
+from tfaccel.io import atomic_path, write_json, write_text
+
+COLUMNS = ("variant", "accuracy", "accuracy_change_points", "bytes", "gzip_bytes",
+           "gzip_ratio", "latency_p50_us", "latency_mean_us", "speedup",
+           "agreement_with_float", "agreement_with_source")
+"""Columns of the comparison table, in order."""
+
+_REQUIRED = ("variant", "accuracy", "bytes", "gzip_bytes", "latency_p50_us")
+
+
+def comparison_rows(measured, baseline="float", reference_accuracy=None):
+    """Table rows with ratios against the `baseline` variant.
+
+    Args:
+      measured: list of dicts, one per variant, each with at least `variant`,
+        `accuracy`, `bytes`, `gzip_bytes` and `latency_p50_us` (any other keys,
+        e.g. agreements and a description, are kept).
+      baseline: name of the variant sizes and latencies are compared with.
+      reference_accuracy: accuracy that `accuracy_change_points` is measured
+        from (default: the baseline's).
+
+    Returns:
+      New dicts with `gzip_ratio` (baseline gzip bytes / this, >1 is smaller),
+      `speedup` (baseline p50 latency / this, >1 is faster) and
+      `accuracy_change_points` (100 x accuracy difference) added.
+
+    Raises:
+      ConfigError: a measurement lacks a required key or the baseline is missing.
+    """
+    for row in measured:
+        missing = [k for k in _REQUIRED if k not in row]
+        if missing:
+            raise ConfigError(f"variant {row.get('variant', '?')!r} lacks {', '.join(missing)}")
+    base = next((r for r in measured if r["variant"] == baseline), None)
+    if base is None:
+        names = ", ".join(r["variant"] for r in measured)
+        raise ConfigError(f"baseline variant {baseline!r} is not among {names}: run it too")
+    reference = base["accuracy"] if reference_accuracy is None else reference_accuracy
+    return [{**row,
+             "accuracy_change_points": round(100.0 * (row["accuracy"] - reference), 4),
+             "gzip_ratio": base["gzip_bytes"] / row["gzip_bytes"],
+             "speedup": base["latency_p50_us"] / row["latency_p50_us"]}
+            for row in measured]
+
+
+def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy vs size"):
+    """A PNG scatter of accuracy (%) against gzipped size (KB, log scale), one point per variant.
+
+    Returns:
+      `path` (written atomically).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for row in rows:
+        x, y = row["gzip_bytes"] / 1024, 100 * row["accuracy"]
+        ax.scatter([x], [y], s=50, zorder=3)
+        ax.annotate(f"{row['variant']}\n{row.get('gzip_ratio', 1):.1f}x smaller", (x, y),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+    if reference_accuracy is not None:
+        ax.axhline(100 * reference_accuracy, color="gray", linestyle="--", linewidth=1,
+                   label=f"float Keras ({100 * reference_accuracy:.2f}%)")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("gzipped size (KB, log scale)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return path
+
+
+def markdown_report(rows, summary, title="Optimized variants"):
+    """The report as markdown: a title, the summary as a two-column table, the comparison table."""
+    columns = [c for c in COLUMNS if any(c in r for r in rows)]
+    extra = [c for c in ("description",) if any(c in r for r in rows)]
+    return "\n\n".join([
+        f"# {title}",
+        summaries.markdown_table({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}),
+        "## Variants (sizes in bytes, latency single-sample in microseconds; ratios vs float TFLite)",
+        summaries.markdown_table(rows, columns + extra),
+    ]) + "\n"
+
+
+def write_report(directory, logdir, rows, summary, title="Optimized variants", step=0,
+                 reference_accuracy=None, name="report"):
+    """Writes <name>.json, <name>.md and <name>.png to `directory`, and both to TensorBoard.
+
+    TensorBoard gets the markdown as text tag `<name>/table` and the plot as
+    image tag `<name>/accuracy_vs_size`, in `logdir`.
+
+    Returns:
+      {'json': path, 'markdown': path, 'png': path, 'logdir': logdir}.
+    """
+    os.makedirs(directory, exist_ok=True)
+    paths = {"json": os.path.join(directory, f"{name}.json"),
+             "markdown": os.path.join(directory, f"{name}.md"),
+             "png": os.path.join(directory, f"{name}.png"), "logdir": logdir}
+    markdown = markdown_report(rows, summary, title)
+    plot_accuracy_vs_size(rows, paths["png"], reference_accuracy, title)
+    write_json(paths["json"], {**summary, "variants": rows})
+    write_text(paths["markdown"], markdown)
+    summaries.write_text(logdir, f"{name}/table", markdown, step=step)
+    summaries.write_png(logdir, f"{name}/accuracy_vs_size", paths["png"], step=step)
+    return paths
