@@ -1,0 +1,120 @@
+"""Batch-size search: stopping rules with injected measurements, then the real thing."""
+
+import json
+
+import pytest
+import tensorflow as tf
+
+from conftest import run_recipe
+from tfaccel import batch_size, data, models, summaries
+from tfaccel.errors import ConfigError
+
+
+def _fake_measure(rates, peaks=None, oom_from=None, calls=None):
+    def measure(size):
+        if calls is not None:
+            calls.append(size)
+        if oom_from is not None and size >= oom_from:
+            raise tf.errors.ResourceExhaustedError(None, None, f"OOM when allocating batch {size}")
+        return {"examples_per_sec": rates[size], "seconds_per_step": size / rates[size],
+                "peak_memory_mb": (peaks or {}).get(size, 100.0)}
+    return measure
+
+
+RATES = {16: 100.0, 32: 180.0, 64: 300.0, 128: 350.0, 256: 340.0, 512: 330.0, 1024: 320.0}
+
+
+def test_out_of_memory_stops_the_search_below_it():
+    result = batch_size.search_batch_size(_fake_measure(RATES, oom_from=128), list(RATES))
+    assert result.batch_size == 64
+    assert [(r["batch_size"], r["status"]) for r in result.table] == [
+        (16, "ok"), (32, "ok"), (64, "ok"), (128, "out of memory")]
+
+
+def test_memory_budget_stops_the_search():
+    peaks = {16: 100, 32: 150, 64: 250, 128: 450}
+    result = batch_size.search_batch_size(_fake_measure(RATES, peaks), list(RATES),
+                                          memory_budget_mb=300)
+    assert result.batch_size == 64
+    assert result.table[-1] == {"batch_size": 128, "status": "over memory budget",
+                                "examples_per_sec": 350.0, "ms_per_step": pytest.approx(1000 * 128 / 350),
+                                "peak_memory_mb": 450}
+
+
+def test_keeps_the_fastest_and_stops_when_throughput_stops_growing():
+    calls = []
+    result = batch_size.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES), patience=2)
+    assert result.batch_size == 128
+    assert calls == [16, 32, 64, 128, 256, 512]  # two sizes without a gain, then stop
+
+
+def test_nothing_fits():
+    with pytest.raises(ConfigError, match="no batch size fits: 16 already ran out of memory"):
+        batch_size.search_batch_size(_fake_measure(RATES, oom_from=16), [16, 32])
+
+
+def test_candidate_sizes():
+    assert batch_size.candidate_sizes(16, 100) == [16, 32, 64]
+    with pytest.raises(ConfigError, match="range 64..32 is empty"):
+        batch_size.candidate_sizes(64, 32)
+
+
+def test_real_search_with_an_injected_out_of_memory():
+    """Real trials of the digits MLP; an out-of-memory error is injected at 64."""
+    splits = data.load_dataset("digits")
+    model = models.build_model("mlp", splits.info.input_shape, splits.info.num_classes)
+    before = [w.copy() for w in model.get_weights()]
+
+    def measure(size):
+        if size >= 64:
+            raise tf.errors.ResourceExhaustedError(None, None, "injected OOM")
+        return batch_size.measure_batch_size(model, splits.train, size, warmup=1, steps=3)
+
+    result = batch_size.search_batch_size(measure, batch_size.candidate_sizes(16, 256))
+    assert result.batch_size in (16, 32)
+    ok = [r for r in result.table if r["status"] == "ok"]
+    assert [r["batch_size"] for r in ok] == [16, 32]
+    assert result.batch_size == max(ok, key=lambda r: r["examples_per_sec"])["batch_size"]
+    for row in ok:
+        assert row["examples_per_sec"] == pytest.approx(1000 * row["batch_size"] / row["ms_per_step"])
+        assert row["peak_memory_mb"] > 50  # the process's peak RSS
+    assert result.table[-1]["status"] == "out of memory"
+    assert all((a == b).all() for a, b in zip(before, model.get_weights()))  # trials used copies
+
+
+@pytest.mark.slow
+def test_recipe_auto_batch_size_with_accumulation_and_monitor(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train", "--batch_size=auto", "--max_batch_size=64", "--grad_accum_steps=2",
+                      "--epochs=1", "--monitor_every_n_steps=5", "--gpu_memory_limit=512",
+                      f"--model_dir={model_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no GPU visible: a 512 MB memory limit ignored" in proc.stderr  # a warning, not a crash
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    table = metrics["batch_size_search"]
+    assert [r["batch_size"] for r in table] == [16, 32, 64]
+    best = max(table, key=lambda r: r["examples_per_sec"])["batch_size"]
+    assert metrics["batch_size"] == 2 * best  # micro-batch x grad_accum_steps
+    assert f"--batch_size=auto chose {2 * best}" in proc.stdout
+    logs = model_dir / "logs" / "train"
+    assert summaries.read_text(logs)["performance/batch_size_search"].count("| ok |") == 3
+    scalars = summaries.read_scalars(logs)
+    assert scalars["memory/peak_rss_mb"][0][1] > 50
+    steps = -(-1257 // (2 * best))
+    assert [s for s, _ in scalars["monitor/rss_mb"]] == list(range(5, steps + 1, 5))
+
+
+@pytest.mark.parametrize("flag,message", [
+    pytest.param("--batch_size=abc", "'abc' is not a batch size: use a positive integer, e.g. 64, "
+                 "or 'auto'", marks=pytest.mark.slow),
+    ("--precision=fp8", "error: unknown precision 'fp8': use one of float32, mixed_float16, "
+                        "mixed_bfloat16, auto"),
+    pytest.param("--jit_compile=maybe", "error: jit_compile='maybe'", marks=pytest.mark.slow),
+    pytest.param("--batch_size=0", "'0' is not a batch size", marks=pytest.mark.slow),
+])
+def test_recipe_rejects_bad_flags(tmp_path, flag, message):
+    proc = run_recipe("train", flag, f"--model_dir={tmp_path / 'run'}")
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
