@@ -21,8 +21,9 @@ import tensorflow as tf
 def decode(encoded, image_size, channels=3):
     """Decodes encoded image bytes (one image) to float32 in [0, 1], resized to `image_size`."""
     image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-    image = tf.image.convert_image_dtype(image, tf.float32)
-    image = tf.image.resize(image, image_size)
+    # Resize the uint8 image, then scale the (usually smaller) float result to [0, 1]:
+    # resizing is linear, so this equals scaling first, with one pass over fewer pixels.
+    image = tf.image.resize(image, image_size) * (1.0 / 255.0)
     return tf.ensure_shape(image, (*image_size, channels))
 
 

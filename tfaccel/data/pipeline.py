@@ -5,10 +5,11 @@
 JPEG/PNG bytes) and adds, in this order, what is known to matter for speed:
 
 1. one parallel ``map`` (``num_parallel_calls=AUTOTUNE``) of the deterministic
-   per-example work: decode, resize, central crop, and, when caching and no random
-   crop follows, rescale / normalize / standardize (so cached epochs skip them);
+   per-example work: decode, resize, central crop, and, when training with a cache
+   and no random crop, rescale / normalize / standardize (so cached epochs skip them);
 2. ``ignore_errors`` when ``on_bad_example="skip"`` (undecodable examples dropped);
-3. the cache (memory or file), before anything random, when it fits the budget;
+3. in training, the cache (memory or file), before anything random, when it fits
+   the budget (evaluation pipelines cache their finished batches instead, at the end);
 4. shuffle (training) with a buffer sized to a RAM budget;
 5. random crop (training, per example, parallel);
 6. ``batch`` (parallel copy; ``drop_remainder`` for strategies that need it), then one
@@ -201,7 +202,8 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         return x
 
     cache_wanted = c.cache != "none"
-    vectors_before_cache = cache_wanted and not (training and crop)
+    # Training caches examples (then shuffles); evaluation caches finished batches.
+    vectors_before_cache = training and cache_wanted and not crop
 
     def per_example(x, y):
         if encoded:
@@ -228,17 +230,20 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         dataset = dataset.ignore_errors(log_warning=True)
 
     # Cache what is deterministic, so later epochs skip reading and decoding.
-    if c.cache not in ("auto", "memory", "none"):
-        dataset = dataset.cache(str(c.cache))
-    elif cache_wanted:
-        total = None if n is None else n * _element_bytes(dataset.element_spec)
-        if c.cache == "memory" or (total is not None and total <= c.cache_budget_mb * 2**20):
-            dataset = dataset.cache()
-        else:
+    total = None if n is None else n * _element_bytes(dataset.element_spec)
+
+    def cached(ds):
+        if c.cache not in ("auto", "memory", "none"):
+            return ds.cache(str(c.cache))
+        if cache_wanted:
+            if c.cache == "memory" or (total is not None and total <= c.cache_budget_mb * 2**20):
+                return ds.cache()
             log.info("not caching: %s examples of this size exceed the %s MB cache budget",
                      n if n is not None else "an unknown number of", c.cache_budget_mb)
+        return ds
 
     if training:
+        dataset = cached(dataset)
         buffer = c.shuffle_buffer or max(1, min(
             n or 10_000, 10_000, int(c.shuffle_budget_mb * 2**20 // _element_bytes(dataset.element_spec))))
         dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -263,6 +268,8 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     if (training and (c.random_flip or c.mixup_alpha > 0)) or want_one_hot or (
             has_vector_ops and not vectors_before_cache):
         dataset = dataset.map(per_batch, num_parallel_calls=parallel, deterministic=c.deterministic)
+    if not training:
+        dataset = cached(dataset)  # later passes (each validation) reuse whole batches
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(pipeline_options(c))
 
@@ -271,6 +278,8 @@ def pipeline_options(config):
     """The `tf.data.Options` a `PipelineConfig` asks for."""
     options = tf.data.Options()
     options.deterministic = bool(config.deterministic)
+    # Fuse consecutive parallel maps (a source's decode and the builder's per-example map).
+    options.experimental_optimization.map_fusion = True
     if config.private_threadpool_size:
         options.threading.private_threadpool_size = int(config.private_threadpool_size)
     if config.max_intra_op_parallelism:

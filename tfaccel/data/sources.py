@@ -195,9 +195,9 @@ def list_image_dir(path):
 
 def decode_image(path, image_size, channels):
     """Reads, decodes and resizes one image file to float32 in [0, 1]."""
-    image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-    image = tf.image.resize(tf.image.convert_image_dtype(image, tf.float32), image_size)
-    return tf.ensure_shape(image, (*image_size, channels))
+    from tfaccel.data import augment
+
+    return augment.decode(tf.io.read_file(path), tuple(image_size), channels)
 
 
 def check_image_file(path):
