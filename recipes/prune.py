@@ -173,7 +173,7 @@ def main(argv):
     saved = keras.models.load_model(sizes["h5"]["path"], compile=False)
     report = sparsity.sparsity_report(saved, plan.pruned)
     pattern = sparsity.check_m_by_n(saved, config.m_by_n, plan.pruned) if config.m_by_n else None
-    training.export_model(stripped, os.path.join(model_dir, "pruned"))
+    sparsity.save_without_optimizer(stripped, os.path.join(model_dir, "pruned", "model.keras"))
     tflite_accuracy = None
     if FLAGS.tflite:
         from tfaccel.tflite import evaluate_tflite
