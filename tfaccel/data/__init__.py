@@ -25,8 +25,8 @@ from tfaccel.data.sources import (
     load_image_dir,
     load_npz,
     load_synthetic,
-    load_tfds,
 )
+from tfaccel.data.tfds import load_tfds
 from tfaccel.data.tfrecord import (
     load_tfrecord,
     parse_feature_spec,

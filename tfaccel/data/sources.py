@@ -14,12 +14,12 @@ Example:
 """
 
 import dataclasses
-import logging
 import os
 
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.data.bad_files import check_image_file, drop_bad_files  # noqa: F401 (re-exported)
 from tfaccel.errors import DataError
 
 DATASETS = ("digits", "synthetic", "image_dir", "npz", "tfrecord", "tfds")
@@ -28,8 +28,6 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 # The digits split is fixed (not seeded by the run) so that every run, preset
 # and report is scored on the same 360 test images.
 _DIGITS_SPLIT_SEED = 0
-
-log = logging.getLogger("tfaccel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,52 +198,6 @@ def decode_image(path, image_size, channels):
     return augment.decode(tf.io.read_file(path), tuple(image_size), channels)
 
 
-def check_image_file(path):
-    """Why `path` cannot be a whole image, or None when it looks complete.
-
-    Reads only the first and last bytes: the format's signature and its end
-    marker (JPEG's EOI, PNG's IEND, GIF's trailer, BMP's declared size), which
-    catches non-image files and truncated images without decoding anything.
-    """
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(32)
-            f.seek(max(0, size - 1024))
-            tail = f.read()
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if head[:3] == b"\xff\xd8\xff":
-        return None if b"\xff\xd9" in tail else "truncated JPEG (no end-of-image marker)"
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
-        return None if b"IEND" in tail else "truncated PNG (no IEND chunk)"
-    if head[:6] in (b"GIF87a", b"GIF89a"):
-        return None if tail.rstrip(b"\x00").endswith(b";") else "truncated GIF (no trailer)"
-    if head[:2] == b"BM" and len(head) >= 6:
-        declared = int.from_bytes(head[2:6], "little")
-        return None if size >= declared else f"truncated BMP ({size} of {declared} bytes)"
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return None if size >= int.from_bytes(head[4:8], "little") + 8 else "truncated WebP"
-    return "not an image (no JPEG, PNG, GIF, BMP or WebP signature)"
-
-
-def _drop_bad_files(files, labels, on_bad_example, what="image"):
-    """Checks every file; 'fail' raises on the first bad one, 'skip' drops and names them."""
-    if on_bad_example not in ("skip", "fail"):
-        raise DataError(f"on_bad_example={on_bad_example!r}: use skip or fail")
-    bad = [(f, why) for f in files if (why := check_image_file(f)) is not None]
-    if bad and on_bad_example == "fail":
-        raise DataError(f"bad {what} file {bad[0][0]}: {bad[0][1]}; remove it or pass "
-                        f"--on_bad_example=skip ({len(bad)} bad file(s) in all)")
-    if bad:
-        log.warning("skipping %d bad %s file(s): %s", len(bad), what,
-                    "; ".join(f"{f} ({why})" for f, why in bad))
-        bad_names = {f for f, _ in bad}
-        keep = np.asarray([f not in bad_names for f in files])
-        files, labels = list(np.asarray(files)[keep]), np.asarray(labels)[keep]
-    return files, labels, tuple(bad)
-
-
 def load_image_dir(path, image_size=(64, 64), channels=3, validation_fraction=0.1,
                    test_fraction=0.2, seed=0, on_bad_example="fail") -> Splits:
     """A folder with one subfolder of images per class (JPEG, PNG, GIF, BMP).
@@ -261,7 +213,7 @@ def load_image_dir(path, image_size=(64, 64), channels=3, validation_fraction=0.
       DataError: a missing folder, fewer than two classes, or (with 'fail') a bad file.
     """
     files, labels, class_names = list_image_dir(path)
-    files, labels, bad = _drop_bad_files(files, labels, on_bad_example)
+    files, labels, bad = drop_bad_files(files, labels, on_bad_example)
     if len(files) == 0:
         raise DataError(f"image folder {path!r} has no readable images")
     size = tuple(int(s) for s in image_size)
@@ -347,49 +299,6 @@ def _cut(x, y, fraction, seed):
     return (x[rest], y[rest]), (x[cut], y[cut])
 
 
-def load_tfds(name, data_dir=None, image_size=(64, 64)) -> Splits:
-    """A TensorFlow Datasets dataset that is installed and already on disk (never downloads).
-
-    `name` may carry a version (``"mnist:3.0.1"``); splits 'train', 'validation' (if
-    any, else none) and 'test'. Images are scaled to [0, 1] and resized to `image_size`.
-
-    Raises:
-      DataError: tensorflow_datasets is not installed, or the data is not prepared.
-    """
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        raise DataError("dataset 'tfds' needs tensorflow_datasets: pip install tensorflow-datasets, "
-                        "then prepare the data once with network access") from None
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-        available = builder.info.splits
-        if not builder.data_path or not tf.io.gfile.exists(os.fspath(builder.data_path)):
-            raise FileNotFoundError(builder.data_path)
-    except Exception as e:  # tfds raises many types for unknown or missing datasets
-        raise DataError(f"TFDS dataset {name!r} is not prepared under {data_dir or '~/tensorflow_datasets'} "
-                        f"({type(e).__name__}); run tfds.load({name!r}) once with network access") from None
-    size = tuple(int(s) for s in image_size)
-
-    def make(split):
-        if split not in available:
-            return None
-        ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-        return ds.map(lambda x, y: (tf.image.resize(tf.image.convert_image_dtype(x, tf.float32), size),
-                                    tf.cast(y, tf.int64)), num_parallel_calls=tf.data.AUTOTUNE)
-
-    label = builder.info.features["label"]
-    channels = builder.info.features["image"].shape[-1]
-    datasets = {s: make(s) for s in ("train", "validation", "test")}
-    empty = tf.data.Dataset.from_tensor_slices((tf.zeros((0, *size, channels)), tf.zeros((0,), tf.int64)))
-    info = DatasetInfo(name=f"tfds:{name}", input_shape=(*size, channels), num_classes=label.num_classes,
-                       class_names=tuple(label.names),
-                       num_examples={s: available[s].num_examples if s in available else 0
-                                     for s in datasets},
-                       in_memory=False)
-    return Splits(datasets["train"], datasets["validation"] or empty, datasets["test"] or empty, info)
-
-
 def load_dataset(name, data_dir=None, *, image_size=(64, 64), input_shape=(8, 8, 1),
                  num_classes=10, num_examples=1024, seed=0, on_bad_example="fail",
                  features="image=bytes,label=int64", tfds_name=None) -> Splits:
@@ -422,6 +331,8 @@ def load_dataset(name, data_dir=None, *, image_size=(64, 64), input_shape=(8, 8,
 
         return load_tfrecord(data_dir, features, image_size=image_size, on_bad_example=on_bad_example)
     if name == "tfds":
+        from tfaccel.data.tfds import load_tfds
+
         if not tfds_name:
             raise DataError("dataset 'tfds' needs a dataset name: pass --tfds_name=mnist (or name:version)")
         return load_tfds(tfds_name, data_dir, image_size=image_size)
