@@ -121,6 +121,7 @@ class HardwareMonitor(keras.callbacks.Callback):
         self.every_n_steps = int(every_n_steps)
         self.sampler = sampler
         self._owns_sampler = sampler is None
+        self._supports_tf_logs = True  # it never reads logs: don't make Keras wait for each step
         self.history = []
         self._step = 0
         self._writer = None
