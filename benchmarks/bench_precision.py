@@ -26,6 +26,7 @@ FLAGS = flags.FLAGS
 common.define_data_flags()
 common.define_model_flags()
 flags.DEFINE_integer("batch_size", 64, "Global batch size.", lower_bound=1)
+flags.DEFINE_integer("seed", 0, "Seed of initialization and synthetic data.")
 flags.DEFINE_list("precisions", ["float32", "mixed_float16", "mixed_bfloat16"], "Policies to time.")
 flags.DEFINE_list("jit_compile", ["false", "true"], "XLA settings to time.")
 flags.DEFINE_integer("warmup", 5, "Untimed steps per setting (tracing, XLA compilation).",

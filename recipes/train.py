@@ -47,6 +47,7 @@ def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
 def main(argv):
     common.reject_extra_args(argv)
     from tfaccel import accumulate, batch_size, distribute, memory, monitor, precision
+    from tfaccel.errors import ConfigError
 
     # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
     if FLAGS.cpu_devices is not None:
@@ -66,6 +67,11 @@ def main(argv):
     strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
                                         collective=FLAGS.collective)
     replicas = strategy.num_replicas_in_sync
+    autos = [f"--{f}=auto" for f in ("precision", "jit_compile", "batch_size")
+             if FLAGS[f].value == "auto"]
+    if autos and distribute.num_workers(strategy) > 1:  # workers could measure different winners
+        raise ConfigError(f"{', '.join(autos)} cannot run on several workers: measure with one "
+                          "process (or benchmarks/bench_precision.py) and pass the chosen values")
     if FLAGS.batch_size != "auto":  # else checked once the search below has chosen it
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
         accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
@@ -142,8 +148,8 @@ def main(argv):
     summaries.write_text(train_logdir, "performance/layer_dtypes",
                          summaries.markdown_table(precision.layer_dtypes(model)))
     if search is not None:
-        monitor.write_trial_report(train_logdir, "performance/batch_size_search", list(search.table),
-                                   ["batch_size"], "examples_per_sec",
+        monitor.write_trial_report(train_logdir, "performance/batch_size_search",
+                                   list(search.table), ["batch_size"], "examples_per_sec",
                                    path=os.path.join(model_dir, "batch_size_search.png"))
     if choice is not None:
         monitor.write_trial_report(train_logdir, "performance/auto_precision", list(choice.table),

@@ -74,7 +74,8 @@ def _check_equivalence(strategy_name, policy):
         # float16 rounds each micro-batch's activations differently; a wrong loss
         # scale or a missing unscale would be off by orders of magnitude.
         assert worst < 0.02 * scale, (worst, scale)
-        assert float(model.optimizer.loss_scale) == float(reference.optimizer.loss_scale) == 2.0 ** 15
+        assert float(model.optimizer.loss_scale) == 2.0 ** 15
+        assert float(reference.optimizer.loss_scale) == 2.0 ** 15
         assert loss == pytest.approx(ref_loss, rel=2e-2)
 
 

@@ -37,13 +37,15 @@ def test_memory_budget_stops_the_search():
                                           memory_budget_mb=300)
     assert result.batch_size == 64
     assert result.table[-1] == {"batch_size": 128, "status": "over memory budget",
-                                "examples_per_sec": 350.0, "ms_per_step": pytest.approx(1000 * 128 / 350),
+                                "examples_per_sec": 350.0,
+                                "ms_per_step": pytest.approx(1000 * 128 / 350),
                                 "peak_memory_mb": 450}
 
 
 def test_keeps_the_fastest_and_stops_when_throughput_stops_growing():
     calls = []
-    result = batch_size.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES), patience=2)
+    result = batch_size.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES),
+                                          patience=2)
     assert result.batch_size == 128
     assert calls == [16, 32, 64, 128, 256, 512]  # two sizes without a gain, then stop
 
@@ -76,7 +78,8 @@ def test_real_search_with_an_injected_out_of_memory():
     assert [r["batch_size"] for r in ok] == [16, 32]
     assert result.batch_size == max(ok, key=lambda r: r["examples_per_sec"])["batch_size"]
     for row in ok:
-        assert row["examples_per_sec"] == pytest.approx(1000 * row["batch_size"] / row["ms_per_step"])
+        rate = 1000 * row["batch_size"] / row["ms_per_step"]
+        assert row["examples_per_sec"] == pytest.approx(rate)
         assert row["peak_memory_mb"] > 50  # the process's peak RSS
     assert result.table[-1]["status"] == "out of memory"
     assert all((a == b).all() for a, b in zip(before, model.get_weights()))  # trials used copies

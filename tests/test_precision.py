@@ -215,5 +215,6 @@ def test_recipe_auto_picks_float32_without_xla_on_this_cpu(tmp_path):
     assert "| mixed_bfloat16 | False |" in proc.stdout  # the measured table, in the log
     texts = summaries.read_text(model_dir / "logs" / "train")
     assert texts["performance/auto_precision"].count("\n") == len(trials) + 1
-    assert "performance/auto_precision_plot" in summaries.read_image_tags(model_dir / "logs" / "train")
+    images = summaries.read_image_tags(model_dir / "logs" / "train")
+    assert "performance/auto_precision_plot" in images
     assert (model_dir / "auto_precision.png").stat().st_size > 1000

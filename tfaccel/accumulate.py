@@ -95,8 +95,8 @@ def accumulating_train_step(model, data, steps):
             weighted = loss * tf.cast(share, loss.dtype)
         grads = scaled_gradients(tape, weighted, variables, model.optimizer)
         model.compiled_metrics.update_state(yk, y_pred, wk)
-        accumulated = [a + (tf.zeros_like(v) if g is None else tf.cast(tf.convert_to_tensor(g), a.dtype))
-                       for a, g, v in zip(accumulated, grads, variables)]
+        accumulated = [a if g is None else a + tf.cast(tf.convert_to_tensor(g), a.dtype)
+                       for a, g in zip(accumulated, grads)]
         return k + 1, accumulated
 
     zeros = [tf.zeros(v.shape, v.dtype) for v in variables]

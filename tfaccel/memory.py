@@ -51,9 +51,11 @@ def configure_gpu_memory(growth=False, limit_mb=None, allocator="default", gpus=
         with `limit_mb` (TensorFlow accepts only one of them per GPU).
     """
     if allocator not in ALLOCATORS:
-        raise ConfigError(f"unknown GPU allocator {allocator!r}: use one of {', '.join(ALLOCATORS)}")
+        raise ConfigError(f"unknown GPU allocator {allocator!r}: use one of "
+                          f"{', '.join(ALLOCATORS)}")
     if limit_mb is not None and limit_mb <= 0:
-        raise ConfigError(f"GPU memory limit {limit_mb} MB must be positive (or unset for no limit)")
+        raise ConfigError(f"GPU memory limit {limit_mb} MB must be positive "
+                          "(or unset for no limit)")
     if growth and limit_mb is not None:
         raise ConfigError(f"memory growth and a memory limit ({limit_mb} MB) cannot be combined: "
                           "choose growth (allocate on demand) or a limit (fixed cap)")

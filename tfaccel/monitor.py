@@ -62,12 +62,14 @@ class NvmlSampler:
             import pynvml as nvml
         self._nvml = nvml
         nvml.nvmlInit()
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        count = nvml.nvmlDeviceGetCount()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
 
     def sample(self):
         values = {}
         for i, handle in enumerate(self._handles):
-            values[f"gpu{i}_utilization"] = float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            utilization = self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            values[f"gpu{i}_utilization"] = float(utilization)
             values[f"gpu{i}_memory_mb"] = self._nvml.nvmlDeviceGetMemoryInfo(handle).used / _MB
         return values
 
@@ -206,7 +208,9 @@ def time_training(model, dataset, batch_size, warmup=3, steps=10):
 
 
 def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, title=None):
-    """Writes a table of trials to TensorBoard (text `tag`) and a bar chart (image `tag`_plot, and a PNG).
+    """Writes a table of trials to TensorBoard (text) and a bar chart (image and PNG file).
+
+    The text is under `tag`, the chart under `tag`_plot.
 
     Args:
       logdir: TensorBoard log directory.

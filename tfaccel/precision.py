@@ -221,7 +221,8 @@ def wrap_optimizer(optimizer, name):
     range and needs none.
     """
     check_precision(name)
-    if name == "mixed_float16" and not isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
+    if name == "mixed_float16" and not scaled:
         return keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
 
