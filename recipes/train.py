@@ -64,6 +64,9 @@ def main(argv):
     precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
     jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
     accumulate.check_accumulation_steps(FLAGS.grad_accum_steps)
+    if FLAGS.strategy == "parameter_server":  # would need servers on the other tasks
+        raise ConfigError("--strategy=parameter_server is not driven by recipes/train.py: use "
+                          "multi_worker, or tfaccel.distribute.make_strategy in your own code")
     strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
                                         collective=FLAGS.collective)
     replicas = strategy.num_replicas_in_sync
