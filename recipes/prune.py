@@ -165,8 +165,8 @@ def main(argv):
     final_step = prune.pruning_step(pruned)
 
     # --- Strip, measure from the saved weights, export.
-    stripped = prune.strip_pruning(pruned)
     with strategy.scope():
+        stripped = prune.strip_pruning(pruned)
         compile_for(stripped, prune_lr)
     result = training.evaluate(stripped, test_ds)
     sizes = sparsity.model_sizes(stripped, os.path.join(model_dir, "pruned"), tflite=FLAGS.tflite)
