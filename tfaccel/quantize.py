@@ -277,7 +277,9 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
                         "TF-MOT's fake-quant kernels have no float16 version",
                         model.name, keras.mixed_precision.global_policy().name)
     tfmot = _tfmot()
-    with _float32_policy():
+    # TF-MOT clones through layer configs; a Lambda left in float (skip_layers) is the
+    # caller's own in-memory code, so Keras's safe mode (meant for loading files) may let it be.
+    with _float32_policy(), keras.src.saving.serialization_lib.SafeModeScope(False):
         if any(layer.dtype_policy.compute_dtype != "float32" for layer in model.layers):
             model = _as_float32(model)
         every_layer = {layer.name for layer in model.layers

@@ -74,12 +74,18 @@ def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy v
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for row in rows:
+    for i, row in enumerate(sorted(rows, key=lambda r: r["gzip_bytes"])):
         x, y = row["gzip_bytes"] / 1024, 100 * row["accuracy"]
         ax.scatter([x], [y], s=50, zorder=3)
-        ax.annotate(f"{row['variant']}\n{row.get('gzip_ratio', 1):.1f}x smaller", (x, y),
-                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+        # Alternate labels above and below: variants of equal size and accuracy overlap.
+        ax.annotate(f"{row['variant']} ({row.get('gzip_ratio', 1):.1f}x smaller)", (x, y),
+                    textcoords="offset points", xytext=(6, 6 if i % 2 == 0 else -14), fontsize=8)
+    ax.margins(x=0.25, y=0.2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     if reference_accuracy is not None:
         ax.axhline(100 * reference_accuracy, color="gray", linestyle="--", linewidth=1,
                    label=f"float Keras ({100 * reference_accuracy:.2f}%)")

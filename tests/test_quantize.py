@@ -1,0 +1,166 @@
+"""tfaccel.quantize: the layer check, flattening, QAT under strategies and precisions, prune-preserve."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfaccel import data, errors, models, quantize, tflite, training
+from tfaccel.keras import keras
+
+
+@pytest.fixture(scope="module")
+def digits():
+    splits = data.load_dataset("digits")
+    train = data.batch_dataset(splits.train, 64, training=True, seed=0)
+    x, y = (np.concatenate(a) for a in zip(*data.batch_dataset(
+        splits.test, 512, training=False).as_numpy_iterator()))
+    return splits, train, x, y
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture(scope="module")
+def trained_weights(digits):
+    """Weights of a digits CNN trained in float32, reused by the strategy x precision cases."""
+    splits, train, *_ = digits
+    keras.utils.set_random_seed(0)
+    model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
+    training.compile_classifier(model, training.make_optimizer("adam", 2e-3))
+    model.fit(train, epochs=4, verbose=0)
+    return model.get_weights()
+
+
+def lambda_lstm_model():
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Lambda(lambda t: t * 2.0, name="double")(inputs)
+    x = keras.layers.Reshape((8, 8), name="rows")(x)
+    x = keras.layers.LSTM(4, name="rnn")(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
+    return keras.Model(inputs, outputs)
+
+
+def nested_model():
+    inner = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(8, 3, name="inner_conv"),
+                              keras.layers.Flatten(name="inner_flat")], name="features")
+    inputs = keras.Input((8, 8, 1))
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(inner(inputs))
+    return keras.Model(inputs, outputs, name="outer")
+
+
+def test_unsupported_layers_are_all_listed_with_the_ways_out():
+    model = lambda_lstm_model()
+    assert quantize.unsupported_layers(model) == [("double", "Lambda"), ("rnn", "LSTM")]
+    with pytest.raises(errors.UnsupportedLayerError) as info:
+        quantize.quantize_aware(model)
+    message = str(info.value)
+    assert "\n" not in message
+    for part in ("double (Lambda)", "rnn (LSTM)", "skip_layers", "only_layers",
+                 "--qat_skip_layers=double,rnn"):
+        assert part in message
+
+
+def test_skipping_the_unsupported_layers_quantizes_the_rest():
+    qat = quantize.quantize_aware(lambda_lstm_model(), skip_layers=["double", "rnn"])
+    wrapped = {layer.layer.name for layer in qat.layers if hasattr(layer, "quantize_config")}
+    assert "head" in wrapped and not wrapped & {"double", "rnn"}
+    assert qat.predict(np.zeros((2, 8, 8, 1), np.float32), verbose=0).shape == (2, 10)
+
+
+def test_bad_arguments():
+    model = models.build_model("cnn", (8, 8, 1), 10)
+    with pytest.raises(errors.ConfigError, match="skip_layers names unknown layers nope"):
+        quantize.quantize_aware(model, skip_layers=["nope"])
+    with pytest.raises(errors.ConfigError, match="unknown QAT scheme 'fancy'"):
+        quantize.quantize_aware(model, scheme="fancy")
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(errors.UnsupportedLayerError, match="subclassed"):
+        quantize.check_quantizable(Subclassed())
+
+
+def test_pruning_wrappers_must_be_stripped_first():
+    import tensorflow_model_optimization as tfmot
+
+    pruned = tfmot.sparsity.keras.prune_low_magnitude(models.build_model("mlp", (8, 8, 1), 10))
+    with pytest.raises(errors.ModelError, match="strip_pruning"):
+        quantize.quantize_aware(pruned)
+
+
+def test_nested_model_is_flattened_with_the_same_outputs():
+    model = nested_model()
+    assert quantize.is_nested(model)
+    x = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
+    flat = quantize.flatten_model(model)
+    assert not quantize.is_nested(flat)
+    assert [layer.name for layer in flat.layers][1:] == ["inner_conv", "inner_flat", "head"]
+    np.testing.assert_allclose(flat.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    qat = quantize.quantize_aware(model)
+    assert not quantize.is_nested(qat)
+    assert {"quant_inner_conv", "quant_head"} <= {layer.name for layer in qat.layers}
+
+
+def _distribution(name):
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    return tf.distribute.get_strategy()
+
+
+@pytest.mark.parametrize("strategy_name,policy", [
+    ("default", "float32"), ("default", "mixed_float16"), ("mirrored", "float32"),
+    pytest.param("mirrored", "mixed_float16", marks=pytest.mark.slow)])
+def test_qat_trains_and_converts(digits, trained_weights, strategy_name, policy, caplog,
+                                 tmp_path):
+    splits, train, x, y = digits
+    keras.utils.set_random_seed(0)
+    keras.mixed_precision.set_global_policy(policy)
+    strategy = _distribution(strategy_name)
+    with strategy.scope():
+        model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
+        model.set_weights(trained_weights)
+    assert (model.get_layer("dense").compute_dtype == "float16") == (policy == "mixed_float16")
+    with caplog.at_level(logging.WARNING), strategy.scope():
+        qat = quantize.quantize_aware(model)
+        training.compile_classifier(qat, training.make_optimizer("adam", 2e-4))
+    said_float32 = any("QAT fine-tunes" in r.getMessage() and "float32" in r.getMessage()
+                       for r in caplog.records)
+    assert said_float32 == (policy == "mixed_float16")
+    assert {layer.dtype_policy.compute_dtype for layer in qat.layers} == {"float32"}
+    assert tflite.is_quantization_aware(qat)
+    qat.fit(train, epochs=1, verbose=0)
+    qat_pred = qat.predict(x, verbose=0).argmax(-1)
+    assert np.mean(qat_pred == y) > 0.85
+    path = tflite.convert_to_tflite(qat, str(tmp_path / "qat.tflite"), mode="int8")
+    result = tflite.evaluate_tflite(path, (x, y), progress=False)
+    assert tflite.make_interpreter(path).get_input_details()[0]["dtype"] == np.int8
+    assert tflite.prediction_agreement(result["predictions"], qat_pred) >= 0.98
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme,keeps_zeros", [("prune_preserve", True), ("default", False)])
+def test_prune_preserving_qat_keeps_zeros(digits, trained_weights, scheme, keeps_zeros):
+    splits, train, *_ = digits
+    keras.utils.set_random_seed(0)
+    model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
+    model.set_weights(trained_weights)
+    kernel = model.get_layer("dense").kernel
+    values = kernel.numpy()
+    values[np.abs(values) < np.quantile(np.abs(values), 0.8)] = 0.0
+    kernel.assign(values)
+    qat = quantize.quantize_aware(model, scheme=scheme)
+    training.compile_classifier(qat, training.make_optimizer("adam", 1e-3))
+    qat.fit(train, epochs=1, verbose=0)
+    kernel = next(w for w in qat.get_layer("quant_dense").weights if w.name.endswith("kernel:0"))
+    sparsity = float(np.mean(kernel.numpy() == 0))
+    if keeps_zeros:
+        assert sparsity >= 0.79
+    else:
+        assert sparsity < 0.5
