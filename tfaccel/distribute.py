@@ -183,7 +183,12 @@ def _mirrored_devices():
 
 def _cross_device_ops(name, devices):
     if name == "auto":
-        return None
+        if any("GPU" in d.upper() for d in devices):
+            return None  # TensorFlow's choice: NCCL when it can
+        # On CPU devices TensorFlow would pick collective ops, whose instance keys restart with
+        # every MirroredStrategy: a second strategy in the same process then fails with
+        # "Shape mismatch in the collective instance 100".
+        return tf.distribute.ReductionToOneDevice()
     if name not in CROSS_DEVICE_OPS:
         raise ConfigError(f"unknown cross_device_ops {name!r}: use one of {', '.join(CROSS_DEVICE_OPS)}")
     if name == "nccl" and not any("GPU" in d.upper() for d in devices):
@@ -231,7 +236,8 @@ def make_strategy(name="auto", *, cross_device_ops="auto", collective="auto",
 
     Args:
       name: one of `STRATEGIES`.
-      cross_device_ops: reduction of 'mirrored': 'auto', 'nccl', 'hierarchical_copy', 'reduce_to_one'.
+      cross_device_ops: reduction of 'mirrored': 'auto' (TensorFlow's choice on GPUs,
+        'reduce_to_one' on CPU devices), 'nccl', 'hierarchical_copy', 'reduce_to_one'.
       collective: all-reduce of 'multi_worker': 'auto', 'ring' or 'nccl'.
       collective_timeout: seconds after which a stuck collective fails (None: wait).
       cluster_resolver: overrides `cluster_resolver_from_env()`.
