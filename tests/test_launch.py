@@ -179,6 +179,7 @@ except KeyboardInterrupt:
     (["--workers", "2"], "no command to launch"),
     (["--workers", "two", "--", "x.py"], "invalid int value: 'two'"),
     (["--", "x.py"], "the following arguments are required: --workers"),
+    (["--workers", "2", "recipes/train.py"], "put the command after '--'"),
 ])
 def test_bad_launcher_arguments_give_one_line(capsys, argv, message):
     assert launch.main(argv) == 2

@@ -256,9 +256,14 @@ def main(argv=None):
     else:
         own, command = argv, []
     try:
-        args = _parser().parse_args(own)
+        args, extra = _parser().parse_known_args(own)
     except SystemExit as e:  # --help, or a bad option already reported in one line
         return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    if extra:
+        print(f"error: unexpected arguments {' '.join(extra)!r}: put the command after '--', e.g. "
+              "tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return launch(command, args.workers, port_base=args.port_base,
                       grace_seconds=args.grace_seconds, timeout=args.timeout)
