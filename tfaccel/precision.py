@@ -279,16 +279,24 @@ def _default_compile(model, precision, jit_compile):
 
 
 def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
-                compile_fn=None, warmup=2, steps=8, min_speedup=1.0):
+                compile_fn=None, warmup=2, steps=8, rounds=3, drop_slower_than=3.0,
+                min_speedup=1.05):
     """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
 
     First every precision is timed without XLA, then XLA on and off for the
-    fastest precision (a coordinate search: 4 trials instead of 6 for
-    `--precision=auto --jit_compile=auto`). The baseline to beat is float32
-    without XLA (or the one precision given, without XLA), so the choice is
-    never slower than it as measured. Each trial trains a copy of `model`
-    (same weights; `model` is untouched) for `warmup` untimed and `steps` timed
-    steps; the median step time counts. The global policy is restored.
+    fastest precision (a coordinate search: 4 settings instead of 6 for
+    `--precision=auto --jit_compile=auto`). Each setting trains its own copy of
+    `model` (same weights; `model` itself is untouched), compiled and warmed up
+    first; then the settings take turns for `rounds` rounds of `steps` steps,
+    so that other load on the machine hits them alike, and each keeps its best
+    round (the median step time of a round; contention only ever slows a
+    round down). A setting more than `drop_slower_than` times slower than the
+    best after a round cannot win and is not timed again. The baseline is
+    float32 without XLA (or the one precision given, without XLA), and another
+    setting wins only if it measured at least `min_speedup` times faster (5%
+    by default: smaller gaps are within a short trial's noise, and XLA or half
+    precision bring costs of their own), so the choice is never slower than
+    the baseline as measured. The global policy is restored.
 
     Example:
 
@@ -303,11 +311,14 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
       jit_options: candidate XLA settings, e.g. (False, True) or (False,).
       compile_fn: `fn(model, precision, jit_compile)` compiling a copy as training
         will (default: classifier loss, Adam, loss scaling for float16).
-      warmup, steps: untimed and timed steps per trial.
+      warmup: untimed steps of each setting (tracing, XLA compilation).
+      steps: timed steps per round.
+      rounds: timed rounds per setting.
+      drop_slower_than: see above.
       min_speedup: see `choose_fastest`.
 
     Returns:
-      An `AutoChoice` whose table lists every trial.
+      An `AutoChoice` whose table lists every setting tried.
     """
     from tfaccel import memory, monitor
 
@@ -318,29 +329,45 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
     compile_fn = compile_fn or _default_compile
     first_jit = False if False in jit_options else jit_options[0]
     baseline = ("float32" if "float32" in precisions else precisions[0], first_jit)
-    timings, table = {}, []
+    copies, timings, measured_rounds = {}, {}, {}
 
-    def trial(prec, jit):
-        with precision_scope(prec):
-            copy = _clone(model, prec, float32_outputs=True)
-            compile_fn(copy, prec, jit)
-            measured = monitor.time_training(copy, dataset, batch_size, warmup, steps)
-        del copy
+    def prepare(key):
+        with precision_scope(key[0]):
+            copies[key] = _clone(model, key[0], float32_outputs=True)
+            compile_fn(copies[key], *key)
+            monitor.time_training(copies[key], dataset, batch_size, warmup, 1)
+
+    def measure(keys):
+        active = list(keys)
+        for _ in range(rounds):
+            for key in active:
+                seconds = monitor.time_training(copies[key], dataset, batch_size, 1,
+                                                steps)["seconds_per_step"]
+                timings[key] = min(timings.get(key, float("inf")), seconds)
+                measured_rounds[key] = measured_rounds.get(key, 0) + 1
+                logging.info("auto trial %s jit_compile=%s: %.2f ms/step", *key, 1000 * seconds)
+            fastest = min(timings[k] for k in active)
+            active = [k for k in active if timings[k] <= drop_slower_than * fastest]
+
+    try:
+        stage1 = [(p, first_jit) for p in sorted(precisions, key=lambda p: p != baseline[0])]
+        for key in stage1:
+            prepare(key)
+        measure(stage1)
+        best_precision = choose_fastest(timings, baseline, min_speedup)[0]
+        for key in [k for k in stage1 if k[0] != best_precision and k != baseline]:
+            del copies[key]
+        stage2 = [(best_precision, jit) for jit in jit_options]
+        if len(stage2) > 1:
+            for key in stage2:
+                if key not in copies:
+                    prepare(key)
+            measure(stage2)
+    finally:
+        copies.clear()
         memory.free_memory()
-        timings[(prec, jit)] = measured["seconds_per_step"]
-        table.append({"precision": prec, "jit_compile": jit,
-                      "ms_per_step": 1000 * measured["seconds_per_step"],
-                      "examples_per_sec": measured["examples_per_sec"]})
-        logging.info("auto trial %s jit_compile=%s: %.2f ms/step", prec, jit,
-                     table[-1]["ms_per_step"])
-
-    for prec in sorted(precisions, key=lambda p: p != baseline[0]):
-        trial(prec, first_jit)
-    best_precision = choose_fastest(timings, baseline, min_speedup)[0]
-    for jit in jit_options:
-        if (best_precision, jit) not in timings:
-            trial(best_precision, jit)
-    for row in table:
-        row["speedup"] = timings[baseline] / timings[(row["precision"], row["jit_compile"])]
+    table = tuple({"precision": p, "jit_compile": j, "ms_per_step": 1000 * t,
+                   "examples_per_sec": batch_size / t, "speedup": timings[baseline] / t,
+                   "rounds": measured_rounds[(p, j)]} for (p, j), t in timings.items())
     chosen = choose_fastest(timings, baseline, min_speedup)
-    return AutoChoice(precision=chosen[0], jit_compile=chosen[1], table=tuple(table))
+    return AutoChoice(precision=chosen[0], jit_compile=chosen[1], table=table)
