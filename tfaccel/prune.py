@@ -28,10 +28,10 @@ Example:
 
     from tfaccel import prune, training
 
-    pruned, callbacks = prune.prune_to_sparsity(model, 0.8, epochs=10, steps_per_epoch=20,
+    pruned, callbacks = prune.prune_to_sparsity(model, 0.8, epochs=20, steps_per_epoch=20,
                                                 log_dir="runs/p/logs/pruning")
-    training.compile_classifier(pruned, training.make_optimizer("adam", 1e-4))
-    pruned.fit(train_ds, epochs=10, callbacks=callbacks)
+    training.compile_classifier(pruned, training.make_optimizer("adam", 1e-3))
+    pruned.fit(train_ds, epochs=20, callbacks=callbacks)
     small = prune.strip_pruning(pruned)              # plain layers, sparse weights
 """
 
@@ -416,9 +416,9 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     Example:
 
         with strategy.scope():
-            pruned, callbacks = prune_to_sparsity(model, 0.8, 10, steps_per_epoch=20)
-            training.compile_classifier(pruned, training.make_optimizer("adam", 1e-4))
-        pruned.fit(train_ds, epochs=10, callbacks=callbacks)
+            pruned, callbacks = prune_to_sparsity(model, 0.8, 20, steps_per_epoch=20)
+            training.compile_classifier(pruned, training.make_optimizer("adam", 1e-3))
+        pruned.fit(train_ds, epochs=20, callbacks=callbacks)
 
     Args:
       model: a trained Sequential or functional tf_keras model (e.g. loaded
