@@ -59,6 +59,7 @@ def test_mirrored_reduction_is_choosable(cross_device_ops):
     ({"name": "horovod"}, "unknown strategy 'horovod'"),
     ({"name": "mirrored", "cross_device_ops": "nccl"}, "needs GPUs"),
     ({"name": "mirrored", "cross_device_ops": "allgather"}, "unknown cross_device_ops"),
+    ({"name": "default", "collective": "mpi"}, "unknown collective 'mpi'"),
     ({"name": "tpu"}, "no TPU found"),
     ({"name": "multi_worker"}, "tfaccel launch --workers N"),
     ({"name": "parameter_server"}, "'ps' and 'worker'"),

@@ -165,7 +165,7 @@ def test_recipe_resumes_after_kill_9(tmp_path):
     ran = [int(e) for e in re.findall(rf"^Epoch (\d+)/{epochs}$", second.stdout, re.M)]
     assert ran == list(range(resumed, epochs + 1))
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    print(f"killed during epoch {done_before_kill}, resumed at epoch {resumed}, "
+    print(f"killed after 'Epoch {done_before_kill}/{epochs}' was printed, resumed at epoch {resumed}, "
           f"test accuracy {metrics['test_accuracy']:.4f}")
     assert metrics["resumed_at_epoch"] == resumed
     assert metrics["test_accuracy"] >= 0.95

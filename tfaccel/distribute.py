@@ -189,8 +189,6 @@ def _cross_device_ops(name, devices):
         # every MirroredStrategy: a second strategy in the same process then fails with
         # "Shape mismatch in the collective instance 100".
         return tf.distribute.ReductionToOneDevice()
-    if name not in CROSS_DEVICE_OPS:
-        raise ConfigError(f"unknown cross_device_ops {name!r}: use one of {', '.join(CROSS_DEVICE_OPS)}")
     if name == "nccl" and not any("GPU" in d.upper() for d in devices):
         raise ConfigError("cross_device_ops='nccl' needs GPUs and none are visible: use "
                           "'reduce_to_one' (or 'auto') on CPU devices")
@@ -202,8 +200,6 @@ def _cross_device_ops(name, devices):
 
 
 def _communication_options(collective, timeout_seconds):
-    if collective not in COLLECTIVES:
-        raise ConfigError(f"unknown collective {collective!r}: use one of {', '.join(COLLECTIVES)}")
     impl = tf.distribute.experimental.CommunicationImplementation
     if collective == "nccl" and not tf.config.list_physical_devices("GPU"):
         raise ConfigError("collective='nccl' needs GPUs and none are visible: use 'ring' or 'auto'")
@@ -249,6 +245,12 @@ def make_strategy(name="auto", *, cross_device_ops="auto", collective="auto",
     Raises:
       ConfigError: unknown name or option, a malformed or missing cluster, no TPU.
     """
+    # Options of every strategy are checked whichever is picked, so that a typo never goes unseen.
+    if cross_device_ops not in CROSS_DEVICE_OPS:
+        raise ConfigError(f"unknown cross_device_ops {cross_device_ops!r}: use one of "
+                          f"{', '.join(CROSS_DEVICE_OPS)}")
+    if collective not in COLLECTIVES:
+        raise ConfigError(f"unknown collective {collective!r}: use one of {', '.join(COLLECTIVES)}")
     resolver = cluster_resolver
     if resolver is None and name in ("auto", "multi_worker", "parameter_server"):
         resolver = cluster_resolver_from_env()
