@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import NUM_CPU_DEVICES, RECIPES, ROOT
+
 from tfaccel import data, distribute, training
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
@@ -221,7 +221,7 @@ def _check_bad_inputs(cases, tmp_path):
              "--epochs=1", *args], env=_recipe_env(**env), cwd=ROOT, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     for name, (model_dir, proc) in procs.items():
-        out, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=300)
         message = cases[name][2]
         error_lines = [line for line in err.splitlines() if line.startswith("error:")]
         assert proc.returncode == 2, (name, err[-2000:])

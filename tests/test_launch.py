@@ -112,7 +112,7 @@ def test_each_worker_gets_its_tf_config_and_prefixed_output(tmp_path):
         line = next(line for line in lines if line.startswith(f"[worker {i}] task {i} of "))
         clusters.add(line.split(" of ", 1)[1])
     assert len(clusters) == 1  # every worker sees the same cluster
-    addresses = eval(clusters.pop())  # noqa: S307 (a list literal printed by our script)
+    addresses = eval(clusters.pop())
     assert [a.split(":")[0] for a in addresses] == ["127.0.0.1"] * 3
     assert len({a.split(":")[1] for a in addresses}) == 3
     assert lines[-1] == "launch: all 3 worker(s) finished"
@@ -256,7 +256,7 @@ def test_two_worker_digits_run_reaches_band_and_only_chief_writes(tmp_path):
         == pytest.approx(metrics["test_accuracy"])
     assert not any("workertemp" in d for _, dirs, _ in os.walk(model_dir) for d in dirs)
     # Worker 1 wrote to a temporary directory, removed when it exited.
-    other = re.search(r"^\[worker 1\] wrote (\S+):", proc.stdout, re.M).group(1)
+    other = re.search(r"^\[worker 1\] wrote (\S+):", proc.stdout, re.MULTILINE).group(1)
     assert other != str(model_dir) and not os.path.exists(other)
 
 
@@ -280,6 +280,6 @@ def test_killing_a_worker_fails_the_launch_within_30s(tmp_path):
     print(f"launcher exited {code} {elapsed:.1f}s after worker 1 was killed")
     assert code != 0
     assert elapsed < 30, f"launcher took {elapsed:.1f}s to fail"
-    assert f"launch: failed: worker 1 was killed by SIGKILL" in text
+    assert "launch: failed: worker 1 was killed by SIGKILL" in text
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)  # the surviving worker was stopped too

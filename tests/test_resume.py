@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import RECIPES, ROOT
+
 from tfaccel import distribute, resume
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
@@ -156,13 +156,13 @@ def test_recipe_resumes_after_kill_9(tmp_path):
                             timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     match = re.search(rf"^resume: continuing from backup \S+ at epoch (\d+)/{epochs}, step 0$",
-                      second.stdout, re.M)
+                      second.stdout, re.MULTILINE)
     assert match, second.stdout[-3000:]
     resumed = int(match.group(1))
     # It resumed after the last completed epoch: at the one that was running when killed,
     # or the next one if that epoch's backup was written just before the kill.
     assert 2 <= resumed and done_before_kill <= resumed <= done_before_kill + 1
-    ran = [int(e) for e in re.findall(rf"^Epoch (\d+)/{epochs}$", second.stdout, re.M)]
+    ran = [int(e) for e in re.findall(rf"^Epoch (\d+)/{epochs}$", second.stdout, re.MULTILINE)]
     assert ran == list(range(resumed, epochs + 1))
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     print(f"killed after 'Epoch {done_before_kill}/{epochs}' was printed, resumed at epoch {resumed}, "

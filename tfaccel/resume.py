@@ -66,8 +66,9 @@ class ResumeReporter(keras.callbacks.Callback):
         if latest is None:
             self.printer(f"resume: no backup in {self.backup_dir}: starting from epoch 1")
             return
-        epoch = int(state._ckpt_saved_epoch.numpy())  # noqa: SLF001 (what Keras itself reads)
-        batch = int(state._ckpt_saved_batch.numpy())  # noqa: SLF001
+        # Private, but the very counters Keras restores and reads to pick the first epoch.
+        epoch = int(state._ckpt_saved_epoch.numpy())
+        batch = int(state._ckpt_saved_batch.numpy())
         # Keras's rule (worker_training_state.maybe_load_initial_counters_from_ckpt): an epoch
         # backup resumes at the next epoch, a step backup at the next step (the next epoch after
         # an epoch's last step).
