@@ -132,6 +132,9 @@ def test_one_hot_and_mixup():
     images, labels = next(iter(mixed))
     np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, rtol=1e-5)
     assert (labels.numpy() > 0).sum() > 12, "mixup should blend some labels"
+    evaluation = build_pipeline(ds, PipelineConfig(batch_size=12, mixup_alpha=0.4, num_classes=3,
+                                                   deterministic=True), training=False)
+    np.testing.assert_array_equal(collect(evaluation)[1], np.eye(3)[y])  # same loss in evaluation
     with pytest.raises(ConfigError, match="need num_classes"):
         build_pipeline(ds, PipelineConfig(one_hot=True), training=False)
 

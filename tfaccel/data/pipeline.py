@@ -66,7 +66,7 @@ class PipelineConfig:
       standardize: per-image standardization (zero mean, unit variance).
       one_hot: one-hot labels (needs `num_classes` here or in the `info` given).
       num_classes: classes for one-hot and mixup.
-      mixup_alpha: > 0 enables mixup in training (implies one-hot labels).
+      mixup_alpha: > 0 enables mixup in training (implies one-hot labels, in evaluation too).
       cache: 'auto' (memory when it fits `cache_budget_mb`), 'memory', 'none', or a file
         path prefix for an on-disk cache.
       cache_budget_mb: largest dataset 'auto' caches in memory.
@@ -186,7 +186,7 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         raise ConfigError("the dataset holds encoded images: set image_size=(height, width) to decode them")
     size = tuple(int(s) for s in c.image_size) if c.image_size else None
     num_classes = c.num_classes or (info.num_classes if info is not None else None)
-    want_one_hot = c.one_hot or (training and c.mixup_alpha > 0)
+    want_one_hot = c.one_hot or c.mixup_alpha > 0  # evaluation too: the same loss must fit
     if want_one_hot and not num_classes:
         raise ConfigError("one-hot labels and mixup need num_classes (set it or pass info=)")
     n = _num_examples(dataset, num_examples)
