@@ -97,6 +97,7 @@ def test_free_ports_and_tf_config():
                       "task": {"type": "worker", "index": 2}}
     assert launch.python_command(["train.py", "--x"]) == [sys.executable, "train.py", "--x"]
     assert launch.python_command(["-m", "pkg"]) == [sys.executable, "-m", "pkg"]
+    assert launch.python_command(["-c", "pass"]) == [sys.executable, "-c", "pass"]
     assert launch.python_command(["echo", "hi"]) == ["echo", "hi"]
 
 

@@ -65,8 +65,8 @@ def tf_config(ports, index, host=HOST):
 
 
 def python_command(command):
-    """Prefixes the Python interpreter to a script (`x.py ...`) or module (`-m pkg ...`) command."""
-    if command and (command[0].endswith(".py") or command[0] == "-m"):
+    """Prefixes this Python to a script (`x.py ...`), module (`-m pkg ...`) or `-c code` command."""
+    if command and (command[0].endswith(".py") or command[0] in ("-m", "-c")):
         return [sys.executable, *command]
     return list(command)
 
