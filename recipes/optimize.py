@@ -41,6 +41,7 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags(epochs=30)
 common.define_distribute_flags()
+common.define_schedule_flags()
 flags.DEFINE_list("variants", ["float", "dynamic", "int8", "qat_int8", "pruned_qat_int8"],
                   f"Variants to build and compare: {', '.join(VARIANTS)} (float is always built: "
                   "the baseline of the ratios).")
@@ -126,7 +127,9 @@ def main(argv):
     def fit(m, learning_rate, epochs, stage, callbacks=()):
         compiled(m, learning_rate)
         if epochs:
-            print(f"--- {stage}: {epochs} epochs at learning rate {learning_rate:g}")
+            rate = f"{learning_rate:g}" if isinstance(learning_rate, float) else \
+                type(learning_rate).__name__
+            print(f"--- {stage}: {epochs} epochs, learning rate {rate}")
             m.fit(train_ds, epochs=epochs, verbose=2, callbacks=[
                 *callbacks, keras.callbacks.TensorBoard(os.path.join(logdir, stage))])
         return m
@@ -136,7 +139,8 @@ def main(argv):
 
     # --- Float model: trained here (zoo) or taken as given (a saved model).
     trained_here = not is_model_path(FLAGS.model) or bool(FLAGS.model_fn)
-    fit(model, FLAGS.learning_rate, FLAGS.epochs if trained_here else 0, "float")
+    fit(model, common.lr_schedule(FLAGS.learning_rate, steps), FLAGS.epochs if trained_here else 0,
+        "float")
     float_keras = training.evaluate(model, test_ds)["accuracy"]
     float_pred = predictions(model)
     with io.atomic_path(os.path.join(model_dir, "float", "model.keras")) as tmp:
