@@ -237,3 +237,16 @@ def test_train_recipe_rejects_bad_distribution_input(tmp_path):
 @pytest.mark.slow
 def test_train_recipe_rejects_more_bad_distribution_input(tmp_path):
     _check_bad_inputs(MORE_BAD_RECIPE_INPUTS, tmp_path)
+
+
+def test_a_second_mirrored_strategy_in_the_process_trains():
+    # TensorFlow's default CPU reduction (collective ops) fails here with "Shape mismatch in the
+    # collective instance 100" for the second model: make_strategy must avoid that.
+    for units in (3, 50):
+        strategy = distribute.make_strategy("mirrored")
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(units)])
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        history = model.fit(np.ones((8, 4), np.float32), np.ones((8, units), np.float32),
+                            batch_size=4, epochs=2, verbose=0)
+        assert history.history["loss"][1] < history.history["loss"][0]
