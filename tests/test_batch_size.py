@@ -1,11 +1,12 @@
 """Batch-size search: stopping rules with injected measurements, then the real thing."""
 
 import json
+import sys
 
 import pytest
 import tensorflow as tf
 
-from conftest import run_recipe
+from conftest import RECIPES, run_recipe
 from tfaccel import batch_size, data, models, summaries
 from tfaccel.errors import ConfigError
 
@@ -112,8 +113,6 @@ def test_recipe_auto_batch_size_with_accumulation_and_monitor(tmp_path):
                  "or 'auto'", marks=pytest.mark.slow),
     ("--precision=fp8", "error: unknown precision 'fp8': use one of float32, mixed_float16, "
                         "mixed_bfloat16, auto"),
-    pytest.param("--jit_compile=maybe", "error: jit_compile='maybe'", marks=pytest.mark.slow),
-    pytest.param("--batch_size=0", "'0' is not a batch size", marks=pytest.mark.slow),
 ])
 def test_recipe_rejects_bad_flags(tmp_path, flag, message):
     proc = run_recipe("train", flag, f"--model_dir={tmp_path / 'run'}")
@@ -121,3 +120,17 @@ def test_recipe_rejects_bad_flags(tmp_path, flag, message):
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_batch_size_flag_takes_an_integer_or_auto():
+    sys.path.insert(0, RECIPES)
+    import common
+
+    parser = common.BatchSizeParser(allow_auto=True)
+    assert parser.parse("auto") == "auto" and parser.parse(" AUTO ") == "auto"
+    assert parser.parse("64") == 64 and parser.parse(64) == 64
+    for bad in ("abc", "0", "-3", "1.5", True):
+        with pytest.raises(ValueError, match="is not a batch size: use a positive integer"):
+            parser.parse(bad)
+    with pytest.raises(ValueError, match="e.g. 64$"):
+        common.BatchSizeParser(allow_auto=False).parse("auto")
