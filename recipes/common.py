@@ -77,7 +77,7 @@ def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_
     --model_dir, --seed."""
     from tfaccel.training import OPTIMIZERS
 
-    flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=0)
+    flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=1)
     flags.DEFINE(BatchSizeParser(auto_batch_size), "batch_size", batch_size,
                  "Global batch size (over all replicas)" + (
                      "; 'auto' trains a few steps at growing sizes and keeps the best measured "
