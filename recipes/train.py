@@ -5,9 +5,13 @@
     tensorboard --logdir runs/digits-cnn/logs
     python recipes/train.py --strategy=mirrored --cpu_devices=2          # 2 replicas, no GPU
     tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker
+    python recipes/train.py --precision=auto --jit_compile=auto --batch_size=auto  # measured
+    python recipes/train.py --precision=mixed_float16 --batch_size=256 --grad_accum_steps=4
 
 --batch_size is global (split over the replicas); rerunning the same command
 after a crash resumes from the backup in --backup_dir (see docs/distribution.md).
+--precision, --jit_compile, --grad_accum_steps, --batch_size=auto and the GPU
+memory flags are described in docs/performance.md.
 
 Writes to --model_dir: TensorBoard logs (logs/train, logs/validation: loss,
 accuracy, learning rate, examples/sec, and the run's flags as text),
