@@ -164,3 +164,19 @@ def test_prune_preserving_qat_keeps_zeros(digits, trained_weights, scheme, keeps
         assert sparsity >= 0.79
     else:
         assert sparsity < 0.5
+
+
+def test_batchnorm_is_folded_into_the_convolutions(tmp_path):
+    model = models.build_model("resnet", (8, 8, 1), 10, widths=(8, 16), blocks_per_stage=1)
+    assert quantize.unsupported_layers(model) == []
+    qat = quantize.quantize_aware(model)
+    x = np.random.default_rng(0).random((32, 8, 8, 1), dtype=np.float32)
+    for _ in range(3):  # set the quantizer ranges (training mode) without fitting
+        qat(x, training=True)
+    path = tflite.convert_to_tflite(qat, str(tmp_path / "resnet.tflite"), mode="int8")
+    interpreter = tflite.make_interpreter(path)
+    ops = [op["op_name"] for op in interpreter._get_ops_details()]
+    assert ops.count("CONV_2D") == 6 and "MUL" not in ops
+    weights = [d for d in interpreter.get_tensor_details()
+               if len(d["shape"]) == 4 and "Conv2D" in d["name"]]
+    assert weights and all(d["dtype"] == np.int8 for d in weights)

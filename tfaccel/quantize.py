@@ -59,9 +59,12 @@ def _registry():
     return default_8bit_quantize_registry.Default8BitQuantizeRegistry()
 
 
-def _inbound_layers(layer):
+def _follows_foldable_layer(layer):
+    """True when every call of `layer` takes the output of one Conv/Dense-like layer."""
     nodes = getattr(layer, "_inbound_nodes", [])
-    return [inbound for node in nodes for inbound in tf.nest.flatten(node.inbound_layers)]
+    inbound = [tf.nest.flatten(node.inbound_layers) for node in nodes]
+    return bool(inbound) and all(
+        len(layers) == 1 and type(layers[0]).__name__ in _FOLDABLE_INTO_BN for layers in inbound)
 
 
 def _is_supported(layer, registry):
@@ -69,8 +72,7 @@ def _is_supported(layer, registry):
     if kind in _TRANSFORMED or registry.supports(layer):
         return True
     if kind in ("BatchNormalization", "SyncBatchNormalization"):
-        inbound = _inbound_layers(layer)
-        return len(inbound) == 1 and type(inbound[0]).__name__ in _FOLDABLE_INTO_BN
+        return _follows_foldable_layer(layer)
     return False
 
 
@@ -297,5 +299,11 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
                                .Default8BitPrunePreserveQuantizeScheme())
         else:
             quantize_scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
-        with tfmot.quantization.keras.quantize_scope():
-            return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
+        try:
+            with tfmot.quantization.keras.quantize_scope():
+                return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
+        except (RuntimeError, ValueError) as e:  # e.g. a custom layer without a QuantizeConfig
+            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+            raise UnsupportedLayerError(
+                f"TF-MOT cannot quantize {model.name!r}: {first}; skip the layer it names "
+                "(skip_layers=[...]) or quantize only a subset (only_layers=[...])") from None
