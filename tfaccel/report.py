@@ -16,6 +16,8 @@ Example:
 
 import os
 
+import numpy as np
+
 from tfaccel import summaries
 from tfaccel.errors import ConfigError
 from tfaccel.io import atomic_path, write_json, write_text
@@ -77,12 +79,17 @@ def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy v
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for i, row in enumerate(sorted(rows, key=lambda r: r["gzip_bytes"])):
-        x, y = row["gzip_bytes"] / 1024, 100 * row["accuracy"]
+    points = [(row["gzip_bytes"] / 1024, 100 * row["accuracy"], row) for row in rows]
+    spread = max(0.5, max(p[1] for p in points) - min(p[1] for p in points))
+    placed = []
+    for x, y, row in sorted(points, key=lambda p: p[0]):
         ax.scatter([x], [y], s=50, zorder=3)
-        # Alternate labels above and below: variants of equal size and accuracy overlap.
+        # Stack the labels of variants that land on (nearly) the same spot.
+        near = sum(1 for px, py in placed
+                   if abs(np.log10(px / x)) < 0.2 and abs(py - y) < 0.08 * spread)
+        placed.append((x, y))
         ax.annotate(f"{row['variant']} ({row.get('gzip_ratio', 1):.1f}x smaller)", (x, y),
-                    textcoords="offset points", xytext=(6, 6 if i % 2 == 0 else -14), fontsize=8)
+                    textcoords="offset points", xytext=(6, 6 - 12 * near), fontsize=8)
     ax.margins(x=0.25, y=0.2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
