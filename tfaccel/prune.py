@@ -310,6 +310,8 @@ def plan_pruning(model, config=PruneConfig()):
         is_first = bool(weights) and not first_kernel_seen
         first_kernel_seen = first_kernel_seen or bool(weights)
         explicit = _matches(layer, config.include)
+        if not weights and not explicit and _registry().supports(layer):
+            continue  # TF-MOT prunes nothing in it by design (BatchNormalization, DepthwiseConv2D)
         if _matches(layer, config.exclude):
             skipped[layer.name] = "excluded"
             continue
@@ -318,7 +320,8 @@ def plan_pruning(model, config=PruneConfig()):
             continue
         reason = None
         if not weights:
-            reason = f"TF-MOT cannot prune a {type(layer).__name__}"
+            reason = (f"TF-MOT cannot prune a {type(layer).__name__} (not in its registry, no "
+                      "get_prunable_weights method)")
         elif policy is not None and not policy.allow_pruning(layer):
             reason = "not a 1x1 convolution (xnnpack policy)"
         else:
