@@ -76,6 +76,13 @@ def prune_config():
         min_weights=FLAGS.min_weights)
 
 
+def read_json(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def main(argv):
     common.reject_extra_args(argv)
     from tfaccel import distribute
@@ -113,8 +120,7 @@ def main(argv):
     flags_path = os.path.join(model_dir, "baseline", "flags.json")
     given_trained = is_model_path(FLAGS.model) and not FLAGS.model_fn
     reuse = (not given_trained and not FLAGS.retrain_baseline and os.path.exists(baseline_path)
-             and os.path.exists(flags_path)
-             and json.load(open(flags_path)) == json.loads(json.dumps(baseline_flags)))
+             and read_json(flags_path) == json.loads(json.dumps(baseline_flags)))
     precision.set_precision(FLAGS.precision)
     with strategy.scope():
         model = load_model_file(baseline_path) if reuse else common.load_model(splits.info)
@@ -214,8 +220,8 @@ def main(argv):
             {"": "sparsity of pruned layers", "baseline": "",
              "pruned": report["pruned"]["sparsity"]},
             {"": "sparsity of all weights", "baseline": "", "pruned": report["model"]["sparsity"]}]),
-        f"Accuracy change: {results['accuracy_change_points']:+.2f} points; pruned TFLite "
-        f"(sparse) accuracy: {tflite_accuracy if tflite_accuracy is None else f'{tflite_accuracy:.4f}'}",
+        (f"Accuracy change: {results['accuracy_change_points']:+.2f} points; pruned TFLite "
+         f"(sparse) accuracy: {'not measured' if tflite_accuracy is None else f'{tflite_accuracy:.4f}'}"),
         "## Sparsity per layer (measured from the saved weights)",
         summaries.markdown_table(layer_rows, ["layer", "shape", "weights", "zeros", "sparsity",
                                               "pruned", "dense_because"]),

@@ -41,8 +41,8 @@ def policy():
     keras.mixed_precision.set_global_policy("float32")
 
 
-def fit_pruned(model, target, epochs, config=prune.PruneConfig(min_weights=100), strategy=None,
-               **kwargs):
+def fit_pruned(model, target, epochs, config=None, strategy=None, **kwargs):
+    config = config or prune.PruneConfig(min_weights=100)
     strategy = strategy or tf.distribute.get_strategy()
     with strategy.scope():
         pruned, callbacks = prune.prune_to_sparsity(model, target, epochs, STEPS, config, **kwargs)
@@ -158,7 +158,7 @@ def test_pruning_reaches_target(strategy_name, precision, policy, tmp_path):
     with strategy.scope():
         model = small_cnn()
     epochs = 2
-    pruned, callbacks = fit_pruned(model, 0.75, epochs, strategy=strategy,
+    pruned, _ = fit_pruned(model, 0.75, epochs, strategy=strategy,
                                    log_dir=str(tmp_path / "logs"))
     assert prune.pruning_step(pruned) == epochs * STEPS
     stripped = prune.strip_pruning(pruned)
@@ -236,8 +236,8 @@ def test_models_loaded_from_keras_and_saved_model_can_be_pruned(tmp_path):
     model.save(saved_path, save_format="tf")
     for path in (keras_path, saved_path):
         loaded = load_model_file(path)
-        pruned, callbacks = prune.prune_to_sparsity(loaded, 0.5, 2, STEPS,
-                                                    prune.PruneConfig(min_weights=100))
+        pruned, _ = prune.prune_to_sparsity(loaded, 0.5, 2, STEPS,
+                                            prune.PruneConfig(min_weights=100))
         wrapped = [layer.layer.name for layer in pruned.layers if hasattr(layer, "pruning_vars")]
         assert wrapped == ["conv_1", "dense", "logits"]
         np.testing.assert_array_equal(pruned.get_layer("prune_low_magnitude_dense").get_weights()[0],

@@ -36,7 +36,7 @@ Example:
 """
 
 import dataclasses
-import math
+import numbers
 
 import numpy as np
 import tensorflow as tf
@@ -115,7 +115,7 @@ def _wrapper_class():
 
 def check_sparsity(value, name="target_sparsity"):
     """Returns `value` as a float if it is in [0, 1), else raises ConfigError."""
-    if not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise ConfigError(f"{name}={value!r} must be in [0, 1), e.g. 0.8 for 80% zeros")
     return float(value)
 
@@ -163,8 +163,8 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
     if end_epoch > epochs:
         raise ConfigError(f"end_epoch={end_epoch:g} is after the last epoch ({epochs}): "
                           "the target would never be reached; lower it or add epochs")
-    begin = int(round(begin_epoch * steps_per_epoch))
-    end = min(int(round(end_epoch * steps_per_epoch)), total - 1)
+    begin = round(begin_epoch * steps_per_epoch)
+    end = min(round(end_epoch * steps_per_epoch), total - 1)
     if config.frequency is not None and int(config.frequency) < 1:
         raise ConfigError(f"frequency={config.frequency} must be a positive number of steps")
     frequency = int(config.frequency or max(1, (end - begin) // 20))
@@ -201,7 +201,7 @@ def prunable_weights(layer):
     registry = _registry()
     if not registry.supports(layer):
         return []
-    names = registry._weight_names(layer)  # noqa: SLF001 (TF-MOT's own table of kernels)
+    names = registry._weight_names(layer)  # TF-MOT's own table of kernels
     return [getattr(layer, n) for n in names if getattr(layer, n, None) is not None]
 
 
@@ -382,10 +382,10 @@ def _use_float32_pruning(model):
                 and not isinstance(layer.pruning_obj, cls):
             old = layer.pruning_obj
             layer.pruning_obj = cls(
-                training_step_fn=old._step_fn, pruning_vars=old._pruning_vars,  # noqa: SLF001
-                pruning_schedule=old._pruning_schedule, block_size=old._block_size,  # noqa: SLF001
-                block_pooling_type=old._block_pooling_type,  # noqa: SLF001
-                sparsity_m_by_n=old._sparsity_m_by_n)  # noqa: SLF001
+                training_step_fn=old._step_fn, pruning_vars=old._pruning_vars,
+                pruning_schedule=old._pruning_schedule, block_size=old._block_size,
+                block_pooling_type=old._block_pooling_type,
+                sparsity_m_by_n=old._sparsity_m_by_n)
     return model
 
 
