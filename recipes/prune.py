@@ -159,6 +159,8 @@ def main(argv):
                                           tflite=FLAGS.tflite)
 
     # --- Prune while fine-tuning; a rerun after a crash resumes from the backup.
+    print(f"pruning {', '.join(plan.pruned)} to {target:.0%}; left dense: "
+          + ("; ".join(f"{k} ({v})" for k, v in plan.skipped.items()) or "none"))
     with strategy.scope():
         pruned, callbacks = prune.prune_to_sparsity(
             model, target, FLAGS.prune_epochs, steps, config,

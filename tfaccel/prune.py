@@ -129,7 +129,7 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
     Example:
 
         schedule = make_pruning_schedule(0.8, epochs=10, steps_per_epoch=20)
-        schedule.begin_step, schedule.end_step, schedule.frequency   # 0, 133, 6
+        schedule.begin_step, schedule.end_step, schedule.frequency   # 0, 132, 6
 
     Args:
       target_sparsity: final share of zeros, in [0, 1).
@@ -389,8 +389,8 @@ def _use_float32_pruning(model):
     return model
 
 
-def _rebuild(model, wrap):
-    """A copy of `model` built in the current scope, `wrap`ped layers pruned, same weights."""
+def _rebuild(model, names, wrap):
+    """A copy of `model` built in the current scope, layers in `names` wrapped, same weights."""
     pairs = []
 
     def clone_layer(layer):
@@ -398,7 +398,7 @@ def _rebuild(model, wrap):
             return keras.models.clone_model(layer, clone_function=clone_layer)
         new = type(layer).from_config(layer.get_config())
         pairs.append((layer, new))
-        return wrap(new) if layer.name in wrap.names else new
+        return wrap(new) if layer.name in names else new
 
     clone = keras.models.clone_model(model, clone_function=clone_layer)
     for old, new in pairs:
@@ -453,14 +453,14 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     def wrap(layer):
         return _wrapper_class()(layer, **params)
 
-    wrap.names = set(plan.pruned)
     try:
-        pruned = _rebuild(model, wrap)
+        pruned = _rebuild(model, set(plan.pruned), wrap)
     except ValueError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ModelError(f"TF-MOT cannot prune {model.name!r}: {first}") from None
     _use_float32_pruning(pruned)
-    logging.info("pruning %s to %.0f%%: %s; left dense: %s", model.name, 100 * target_sparsity,
+    target = config.m_by_n[0] / config.m_by_n[1] if config.m_by_n else target_sparsity
+    logging.info("pruning %s to %.0f%%: %s; left dense: %s", model.name, 100 * target,
                  ", ".join(plan.pruned),
                  "; ".join(f"{k} ({v})" for k, v in plan.skipped.items()) or "none")
     callbacks = []
