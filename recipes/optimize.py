@@ -5,8 +5,8 @@
     python recipes/optimize.py --model=runs/digits-cnn/model.keras --variants=float,int8,qat_int8
     tensorboard --logdir runs/optimize-digits-cnn/logs
 
-A zoo --model is trained for --epochs; a .keras/.h5/SavedModel --model is
-taken as trained. Then each variant in --variants is built and measured as a
+A zoo --model is trained for --epochs (cosine learning-rate decay by
+default); a .keras/.h5/SavedModel --model is taken as trained. Then each variant in --variants is built and measured as a
 TFLite file: `float`, `dynamic` (int8 weights), `int8` (full-integer
 post-training quantization calibrated on --calibration_samples training
 examples), `float16`, `int16x8`, `qat_int8` (quantization-aware fine-tuning,
@@ -42,6 +42,8 @@ common.define_model_flags()
 common.define_train_flags(epochs=30)
 common.define_distribute_flags()
 common.define_schedule_flags()
+# The float model should end converged (decayed rate), so QAT's and pruning's deltas measure them.
+FLAGS.set_default("lr_schedule", "cosine")
 flags.DEFINE_list("variants", ["float", "dynamic", "int8", "qat_int8", "pruned_qat_int8"],
                   f"Variants to build and compare: {', '.join(VARIANTS)} (float is always built: "
                   "the baseline of the ratios).")
@@ -176,7 +178,8 @@ def main(argv):
                     pruned, sparsity, epochs, steps, config,
                     log_dir=os.path.join(logdir, stage, "sparsity"))
             fit(wrapped, prune_lr, epochs, stage, callbacks)
-            pruned = prune.strip_pruning(wrapped)
+            with strategy.scope():  # the stripped copy's variables must belong to the strategy
+                pruned = prune.strip_pruning(wrapped)
         extra["pruned_keras_accuracy"] = training.evaluate(compiled(pruned, prune_lr),
                                                            test_ds)["accuracy"]
         with strategy.scope():

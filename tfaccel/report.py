@@ -59,7 +59,7 @@ def comparison_rows(measured, baseline="float", reference_accuracy=None):
         raise ConfigError(f"baseline variant {baseline!r} is not among {names}: run it too")
     reference = base["accuracy"] if reference_accuracy is None else reference_accuracy
     return [{**row,
-             "accuracy_change_points": round(100.0 * (row["accuracy"] - reference), 4),
+             "accuracy_change_points": round(100.0 * (row["accuracy"] - reference), 4) + 0.0,
              "gzip_ratio": base["gzip_bytes"] / row["gzip_bytes"],
              "speedup": base["latency_p50_us"] / row["latency_p50_us"]}
             for row in measured]
