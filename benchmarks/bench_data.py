@@ -10,7 +10,9 @@ moment hurts all of them alike), keeping the best of --repeats:
 
 - serial: a plain ``map`` with tf.data's automatic map parallelization, prefetch
   injection, parallel batch copy and map-batch fusion switched off in its options
-  (TensorFlow's defaults would otherwise parallelize a plain ``map``);
+  (TensorFlow's defaults would otherwise parallelize a plain ``map``), and intra-op
+  parallelism 1 (otherwise each resize is itself split over the cores);
+- for information: the same serial pipeline with intra-op threads left on;
 - hand-optimized: parallel interleave over files, ``map`` with AUTOTUNE,
   non-deterministic, batch, standardize on whole batches, prefetch;
 - tfaccel: `tfaccel.data.load_tfrecord` + `build_pipeline` (cache on), first epoch;
@@ -73,7 +75,9 @@ def _parse_decode_resize(size):
     return fn
 
 
-def serial_pipeline(files, size, batch):
+def serial_pipeline(files, size, batch, one_thread=True):
+    """One element at a time: tf.data's automatic parallelism switched off, and with
+    `one_thread` also the intra-op threads that would otherwise split each resize."""
     import tensorflow as tf
 
     parse = _parse_decode_resize(size)
@@ -85,6 +89,8 @@ def serial_pipeline(files, size, batch):
     opt.inject_prefetch = False
     opt.parallel_batch = False
     opt.map_and_batch_fusion = False
+    if one_thread:
+        options.threading.max_intra_op_parallelism = 1
     return ds.with_options(options)
 
 
@@ -131,25 +137,29 @@ def main(argv):
     files = synthetic_jpegs(os.path.join(data_dir, "train"), FLAGS.num_images, FLAGS.source_size,
                             FLAGS.shards)
     size, batch = FLAGS.image_size, FLAGS.batch_size
-    names = ("serial", "hand-optimized", "tfaccel", "tfaccel cached", "tfaccel training mode",
-             "tfaccel training mode cached")
+    names = ("serial", "serial, intra-op threads on", "hand-optimized", "tfaccel", "tfaccel cached",
+             "tfaccel training mode", "tfaccel training mode cached")
+
+    def builder(training):
+        ds = tfaccel_pipeline(data_dir, size, batch, training=training)
+        return (epoch_rate(ds), epoch_rate(ds))  # first epoch, then the cached one
+
+    jobs = [
+        lambda: {"serial": epoch_rate(serial_pipeline(files, size, batch))},
+        lambda: {"serial, intra-op threads on": epoch_rate(serial_pipeline(files, size, batch, False))},
+        lambda: {"hand-optimized": epoch_rate(hand_optimized_pipeline(files, size, batch))},
+        lambda: dict(zip(("tfaccel", "tfaccel cached"), builder(False))),
+        lambda: dict(zip(("tfaccel training mode", "tfaccel training mode cached"), builder(True))),
+    ]
     runs = {n: [] for n in names}
     loads = []
     for r in range(FLAGS.repeats):
         load_before = os.getloadavg()[0]
-        rate, n_serial = epoch_rate(serial_pipeline(files, size, batch))
-        runs["serial"].append(rate)
-        runs["hand-optimized"].append(epoch_rate(hand_optimized_pipeline(files, size, batch))[0])
-        ds = tfaccel_pipeline(data_dir, size, batch)
-        first, n_first = epoch_rate(ds)
-        cached, n_cached = epoch_rate(ds)
-        if not n_serial == n_first == n_cached == FLAGS.num_images:
-            raise SystemExit(f"pipelines disagree on the epoch: {n_serial}, {n_first}, {n_cached} images")
-        runs["tfaccel"].append(first)
-        runs["tfaccel cached"].append(cached)
-        ds = tfaccel_pipeline(data_dir, size, batch, training=True)  # + shuffle, examples cached
-        runs["tfaccel training mode"].append(epoch_rate(ds)[0])
-        runs["tfaccel training mode cached"].append(epoch_rate(ds)[0])
+        for job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:  # rotate: no pipeline always first
+            for name, (rate, images) in job().items():
+                if images != FLAGS.num_images:
+                    raise SystemExit(f"{name} read {images} images, not {FLAGS.num_images}")
+                runs[name].append(rate)
         loads.append((load_before, os.getloadavg()[0]))
         print(f"round {r + 1}/{FLAGS.repeats}: " + ", ".join(f"{n} {runs[n][-1]:,.0f}" for n in names)
               + f" images/s (1-min load average {loads[-1][0]:.1f} -> {loads[-1][1]:.1f} on "
@@ -197,7 +207,7 @@ def _plot(path, names, best, title):
     fig, ax = plt.subplots(figsize=(8, 4))
     values = [best[n] for n in names]
     ax.barh(names[::-1], values[::-1], color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974",
-                                              "#64b5cd"][: len(names)][::-1])
+                                              "#64b5cd", "#999999"][: len(names)][::-1])
     for i, v in enumerate(values[::-1]):
         ax.text(v, i, f" {v:,.0f}", va="center")
     ax.set_xlabel("images/s (best of runs)")
