@@ -36,6 +36,7 @@ def test_unknown_variant_fails_before_writing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_unsupported_layer_is_listed_before_training(tmp_path):
     (tmp_path / "lambda_models.py").write_text(LAMBDA_MODEL)
     out = tmp_path / "run"

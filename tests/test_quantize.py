@@ -115,7 +115,8 @@ def _distribution(name):
 
 
 @pytest.mark.parametrize("strategy_name,policy", [
-    ("default", "float32"), ("default", "mixed_float16"), ("mirrored", "float32"),
+    ("default", "mixed_float16"), ("mirrored", "float32"),
+    pytest.param("default", "float32", marks=pytest.mark.slow),  # also run by the recipe test
     pytest.param("mirrored", "mixed_float16", marks=pytest.mark.slow)])
 def test_qat_trains_and_converts(digits, trained_weights, strategy_name, policy, caplog,
                                  tmp_path):
@@ -135,7 +136,7 @@ def test_qat_trains_and_converts(digits, trained_weights, strategy_name, policy,
     assert said_float32 == (policy == "mixed_float16")
     assert {layer.dtype_policy.compute_dtype for layer in qat.layers} == {"float32"}
     assert tflite.is_quantization_aware(qat)
-    qat.fit(train, epochs=1, verbose=0)
+    qat.fit(train.take(10), epochs=1, verbose=0)
     qat_pred = qat.predict(x, verbose=0).argmax(-1)
     assert np.mean(qat_pred == y) > 0.85
     path = tflite.convert_to_tflite(qat, str(tmp_path / "qat.tflite"), mode="int8")
@@ -166,6 +167,7 @@ def test_prune_preserving_qat_keeps_zeros(digits, trained_weights, scheme, keeps
         assert sparsity < 0.5
 
 
+@pytest.mark.slow
 def test_batchnorm_is_folded_into_the_convolutions(tmp_path):
     model = models.build_model("resnet", (8, 8, 1), 10, widths=(8, 16), blocks_per_stage=1)
     assert quantize.unsupported_layers(model) == []
