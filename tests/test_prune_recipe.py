@@ -77,7 +77,7 @@ def test_killed_run_resumes_with_its_pruning_step(digits_run, tmp_path):
     model_dir, _, _ = digits_run
     out = tmp_path / "killed"
     args = [sys.executable, os.path.join(RECIPES, "prune.py"),
-            f"--model={model_dir / 'baseline' / 'model.keras'}", "--prune_epochs=8", "--notflite",
+            f"--model={model_dir / 'baseline' / 'model.keras'}", "--prune_epochs=5", "--notflite",
             f"--model_dir={out}"]
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
@@ -99,21 +99,18 @@ def test_killed_run_resumes_with_its_pruning_step(digits_run, tmp_path):
     steps = report["steps_per_epoch"]
     assert report["resumed_at_epoch"] >= 2
     assert report["pruning_step_at_start"] == (report["resumed_at_epoch"] - 1) * steps
-    assert report["pruning_step_at_end"] == 8 * steps
+    assert report["pruning_step_at_end"] == 5 * steps
     assert abs(report["sparsity"]["pruned"]["sparsity"] - 0.8) <= 0.01
 
 
-@pytest.mark.parametrize("flags,match", [
-    (["--sparsity=1.0"], "error: --sparsity=1.0 must be in [0, 1)"),
-    pytest.param(["--m_by_n=2,4", "--include_layers=conv_0,dense"],
-                 "error: layer 'conv_0' cannot be pruned as asked: 2:4 sparsity needs input "
-                 "channels divisible by 4", marks=pytest.mark.slow),
-])
-def test_bad_flags_fail_fast_with_one_line_and_no_output(flags, match, tmp_path):
+def test_bad_sparsity_fails_fast_with_one_line_and_no_output(tmp_path):
+    # The other bad inputs (end before begin, 2:4 on conv_0, subclassed) raise in the same
+    # helpers before any work; tests/test_prune.py checks their messages.
     out = tmp_path / "bad"
-    result = run_recipe("prune", *flags, f"--model_dir={out}", "--epochs=1")
+    result = run_recipe("prune", "--sparsity=1.0", f"--model_dir={out}", "--epochs=1")
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith(match), result.stderr[-2000:]
+    assert lines == ["error: --sparsity=1.0 must be in [0, 1), e.g. 0.8 for 80% zeros"], \
+        result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not out.exists()
