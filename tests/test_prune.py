@@ -202,6 +202,18 @@ def test_two_four_pattern_holds_in_the_saved_weights(tmp_path):
     assert sparsity.sparsity_report(saved, ["conv_1", "dense"])["pruned"]["sparsity"] >= 0.5
 
 
+def test_block_sparsity_zeroes_whole_blocks_of_dense_kernels():
+    config = prune.PruneConfig(block_size=(1, 4), min_weights=100)
+    plan = prune.plan_pruning(small_cnn(), config)
+    assert plan.pruned == ("dense", "logits")
+    assert "block sparsity needs a 2-D kernel" in plan.skipped["conv_1"]
+    pruned, _ = fit_pruned(small_cnn(), 0.5, 1, config)
+    kernel = prune.strip_pruning(pruned).get_layer("dense").kernel.numpy()
+    blocks = (kernel.reshape(kernel.shape[0], -1, 4) == 0).sum(-1)
+    assert set(np.unique(blocks)) == {0, 4}  # a block is all zeros or has none
+    assert (blocks == 4).mean() == pytest.approx(0.5, abs=0.01)
+
+
 def test_resume_after_interruption_keeps_the_pruning_step(tmp_path):
     base = small_cnn()
     backup = str(tmp_path / "backup")
