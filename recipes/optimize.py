@@ -97,8 +97,10 @@ def main(argv):
                                         collective=FLAGS.collective)
     drop = distribute.needs_drop_remainder(strategy)
     distribute.per_replica_batch_size(FLAGS.batch_size, strategy.num_replicas_in_sync)
-    prune_lr = FLAGS.prune_learning_rate or FLAGS.learning_rate / 2
-    qat_lr = FLAGS.qat_learning_rate or FLAGS.learning_rate / 10
+    prune_lr = FLAGS.prune_learning_rate if FLAGS.prune_learning_rate is not None \
+        else FLAGS.learning_rate / 2
+    qat_lr = FLAGS.qat_learning_rate if FLAGS.qat_learning_rate is not None \
+        else FLAGS.learning_rate / 10
     splits = common.load_data()
     with strategy.scope():
         model = common.load_model(splits.info)
@@ -217,7 +219,7 @@ def main(argv):
                "prune_block_size": "x".join(map(str, block)),
                "latency_threads": FLAGS.latency_threads, "latency_runs": FLAGS.latency_runs,
                "distribution": distribute.describe(strategy)["strategy"],
-               "seconds": time.perf_counter() - start, **extra,
+               "seconds_training_to_report": time.perf_counter() - start, **extra,
                "command": common.command_line()}
     paths = report.write_report(model_dir, os.path.join(logdir, "report"), rows, summary,
                                 title=f"Optimizing {summary['model']} on {FLAGS.dataset}",
@@ -226,7 +228,8 @@ def main(argv):
         **{f"accuracy/{r['variant']}": r["accuracy"] for r in rows},
         **{f"gzip_ratio/{r['variant']}": r["gzip_ratio"] for r in rows},
         **{f"speedup/{r['variant']}": r["speedup"] for r in rows}})
-    print("\n" + open(paths["markdown"]).read())
+    with open(paths["markdown"]) as f:
+        print("\n" + f.read())
     print(f"wrote {model_dir}: report.md, report.json, report.png, tflite/, float/, logs/")
     print(f"inspect: tensorboard --logdir {logdir}")
 

@@ -5,8 +5,8 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import run_recipe
+
 from tfaccel import summaries
 
 LAMBDA_MODEL = '''
@@ -58,7 +58,7 @@ def test_short_run_writes_table_plot_and_tensorboard(tmp_path):
     report = json.loads((out / "report.json").read_text())
     rows = {row["variant"]: row for row in report["variants"]}
     assert list(rows) == ["float", "dynamic", "int8", "qat_int8", "pruned_qat_int8"]
-    for name, row in rows.items():
+    for row in rows.values():
         assert os.path.getsize(row["path"]) == row["bytes"]
         assert 0.5 < row["accuracy"] <= 1.0
         assert row["latency_p50_us"] > 0

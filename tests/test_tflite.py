@@ -33,7 +33,7 @@ def files(trained, tmp_path_factory):
 
 
 def test_float_file_matches_keras(trained, files):
-    splits, model, x, y, keras_pred = trained
+    _, _, x, y, keras_pred = trained
     result = tflite.evaluate_tflite(files["float"], (x, y), progress=False)
     assert result["num_examples"] == len(y) == 360
     assert tflite.prediction_agreement(result["predictions"], keras_pred) == 1.0

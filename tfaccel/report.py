@@ -75,7 +75,6 @@ def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy v
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
-
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)

@@ -158,9 +158,11 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
                           "(e.g. the training split), or quantize-aware train the model first")
     converter = _converter(model, mode, representative_data, num_calibration_samples,
                            optimize_sparsity)
+    from tensorflow.lite.python.convert_phase import ConverterError
+
     try:
         flatbuffer = converter.convert()
-    except Exception as e:  # the converter raises many types; keep one readable line
+    except (ConverterError, ValueError, RuntimeError, TypeError) as e:  # keep one readable line
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: {first}; "
                          "try mode='float' or 'dynamic', or replace the unsupported op") from None
@@ -277,7 +279,7 @@ def evaluate_tflite(model, dataset, batch_size=256, num_threads=None, progress=T
     scores = predict_tflite(model, x, batch_size, num_threads, progress)
     predictions = scores.argmax(-1)
     return {"accuracy": float(np.mean(predictions == y.reshape(-1))),
-            "num_examples": int(len(y)), "predictions": predictions}
+            "num_examples": len(y), "predictions": predictions}
 
 
 def _latency_runner(model, example, num_threads):
