@@ -14,7 +14,7 @@ import pytest
 
 from conftest import run_recipe
 from tfaccel import summaries
-from tfaccel.keras import keras
+from tfaccel.models import load_model_file
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_writes_model_checkpoints_and_metrics(short_run):
     # The exported model scores what metrics.json says.
     from tfaccel.data import load_digits
     test = load_digits().test.batch(512)
-    model = keras.models.load_model(model_dir / "model.keras")
+    model = load_model_file(str(model_dir / "model.keras"), compile=True)
     _, acc = model.evaluate(test, verbose=0)
     assert acc == pytest.approx(metrics["test_accuracy"], abs=1e-6)
     assert not [f for f in os.listdir(model_dir) if ".tmp-" in f]

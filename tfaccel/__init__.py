@@ -1,7 +1,8 @@
 """tfaccel: make TensorFlow/Keras training faster and lighter, and trained models smaller.
 
 Helpers, each usable alone in your own tf_keras code; the recipes in
-`recipes/` drive the same helpers from flags.
+`recipes/` drive the same helpers from flags. Names are loaded on first use,
+so ``import tfaccel`` is instant and `tfaccel launch` needs no TensorFlow.
 
 Example:
 
@@ -9,18 +10,14 @@ Example:
 
     splits = tfaccel.load_dataset("digits")
     model = tfaccel.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
+    tfaccel.compile_classifier(model, tfaccel.make_optimizer("adam", 1e-3))
+    model.fit(tfaccel.build_pipeline(splits.train, tfaccel.PipelineConfig(batch_size=64),
+                                     training=True, info=splits.info), epochs=5)
 """
 
-__version__ = "0.1.0"
+import importlib
 
-from tfaccel.data import (  # noqa: E402
-    DATASETS,
-    DatasetInfo,
-    Splits,
-    batch_dataset,
-    load_dataset,
-)
-from tfaccel.errors import (  # noqa: E402
+from tfaccel.errors import (
     ConfigError,
     DataError,
     ModelError,
@@ -28,12 +25,63 @@ from tfaccel.errors import (  # noqa: E402
     UnsupportedLayerError,
     WrongKerasError,
 )
-from tfaccel.keras import ensure_tf_keras, keras  # noqa: E402
-from tfaccel.models import MODELS, build_model, load_model_file, resolve_model  # noqa: E402
-from tfaccel.summaries import read_scalars, read_text  # noqa: E402
-from tfaccel.training import (  # noqa: E402
-    compile_classifier,
-    evaluate,
-    export_model,
-    make_optimizer,
-)
+
+__version__ = "0.1.0"
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object"],
+    "tfaccel.data": [
+        "DATASETS", "DatasetInfo", "Splits", "PipelineConfig", "load_dataset", "load_digits",
+        "load_synthetic", "load_image_dir", "load_npz", "load_tfrecord", "load_tfds",
+        "from_arrays", "batch_dataset", "build_pipeline", "build_splits", "steps_per_epoch",
+        "write_image_tfrecords",
+    ],
+    "tfaccel.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
+    "tfaccel.training": ["make_optimizer", "compile_classifier", "evaluate", "export_model"],
+    "tfaccel.summaries": ["read_scalars", "read_text", "read_image_tags", "ThroughputLogger",
+                          "LearningRateLogger"],
+    "tfaccel.distribute": ["STRATEGIES", "make_strategy", "split_cpu", "per_replica_batch_size",
+                           "with_shard_policy", "worker_output_dir"],
+    "tfaccel.resume": ["backup_callbacks", "ResumeReporter"],
+    "tfaccel.precision": ["PRECISIONS", "set_precision", "precision_scope", "apply_precision",
+                          "wrap_optimizer", "scaled_gradients", "precision_advice", "auto_select",
+                          "choose_fastest", "layer_dtypes"],
+    "tfaccel.accumulate": ["enable_gradient_accumulation"],
+    "tfaccel.batch_size": ["find_batch_size", "search_batch_size"],
+    "tfaccel.memory": ["configure_gpu_memory", "free_memory", "PeakMemoryLogger"],
+    "tfaccel.monitor": ["HardwareMonitor", "time_training"],
+    "tfaccel.schedules": ["SCHEDULES", "make_schedule", "scale_learning_rate", "ConstantSchedule",
+                          "StepSchedule", "PiecewiseSchedule", "ExponentialSchedule",
+                          "PolynomialSchedule", "CosineSchedule", "CosineRestartsSchedule",
+                          "OneCycleSchedule", "EpochExponentialSchedule"],
+    "tfaccel.diagnose": ["diagnose_input", "InputDiagnosis"],
+    "tfaccel.prune": ["PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity",
+                      "strip_pruning", "make_pruning_schedule", "load_pruned_model"],
+    "tfaccel.sparsity": ["sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger"],
+    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "flatten_model", "unsupported_layers"],
+    "tfaccel.tflite": ["convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
+                       "tflite_sizes", "prediction_agreement", "weight_sparsity"],
+    "tfaccel.report": ["write_report", "comparison_rows"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors"}
+
+__all__ = sorted(
+    [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "UnsupportedLayerError",
+     "WrongKerasError"])
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"tfaccel.{name}")
+    else:
+        raise AttributeError(f"module 'tfaccel' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

@@ -116,6 +116,8 @@ def load_model_file(path, compile=False):
     if not os.path.exists(path):
         raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
                          f"or one of {', '.join(MODELS)}")
+    import tfaccel.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
+
     try:
         model = keras.models.load_model(path, compile=compile)
     except Exception as e:  # loaders raise many types for a bad file
