@@ -173,6 +173,7 @@ def test_options_and_static_batches():
     assert options.deterministic is False
     assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
     assert options.threading.private_threadpool_size == 2
+    assert options.threading.max_intra_op_parallelism == 1  # parallel across elements, not within
     assert options.autotune.ram_budget == 64 * 2**20
     assert out.element_spec[0].shape[0] == 4 and len(list(out)) == 2
     assert steps_per_epoch(10, 4, drop_remainder=True) == 2 and steps_per_epoch(10, 4) == 3
