@@ -173,8 +173,11 @@ def suggest(verdict, config=None, ratio=None):
                 "(a larger batch, mixed precision or XLA on a GPU that supports them, a smaller model).")
     tips = []
     if config is not None:
-        if config.num_parallel_calls not in (tf.data.AUTOTUNE, None) :
+        if config.num_parallel_calls not in (tf.data.AUTOTUNE, None):
             tips.append(f"more parallel calls (num_parallel_calls={config.num_parallel_calls}; use AUTOTUNE)")
+        if config.max_intra_op_parallelism != 1:
+            tips.append("one intra-op thread per element (max_intra_op_parallelism=1): parallel "
+                        "elements and multi-threaded ops fight over the same cores")
         if config.cache == "none":
             tips.append("caching the decoded examples (cache='memory' or a file path), so epochs "
                         "after the first skip reading and decoding")
