@@ -80,8 +80,8 @@ class PipelineConfig:
       private_threadpool_size: tf.data's own thread pool size (0 = TF's default).
       max_intra_op_parallelism: threads one op of the pipeline may use; 1 by default, because
         the parallelism comes from running many elements at once (with TF's default, each
-        resize is split over all cores too, and the two levels fight: on 2 cores a parallel
-        decode-and-resize map ran at 1.3x serial instead of 2x). 0 = TF's default.
+        resize is split over all cores too, and the two levels fight for the same cores).
+        0 = TF's default.
       ram_budget_mb: autotune's RAM budget (None = TF's default, half the RAM).
       shard_policy: 'auto', 'data', 'file', 'off', or None to leave TensorFlow's default;
         see `auto_shard_policy`.
