@@ -273,7 +273,9 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
             has_vector_ops and not vectors_before_cache):
         dataset = dataset.map(per_batch, num_parallel_calls=parallel, deterministic=c.deterministic)
     if not training:
-        dataset = cached(dataset)  # later passes (each validation) reuse whole batches
+        # later passes (each validation) reuse whole batches; the prefetch keeps the first
+        # pass parallel (a cache as the consumer of the parallel stages ran them on one core)
+        dataset = cached(dataset.prefetch(tf.data.AUTOTUNE))
     dataset = dataset.prefetch(tf.data.AUTOTUNE)
     return dataset.with_options(pipeline_options(c))
 
