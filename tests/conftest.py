@@ -23,6 +23,19 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_CPU_DEVICES)])
 
 
+def mirrored_strategy():
+    """MirroredStrategy over the logical CPU devices, as tfaccel builds it.
+
+    Built by `tfaccel.distribute.make_strategy`, which reduces with
+    ReductionToOneDevice on CPUs: TensorFlow's default (collective ops) clashes
+    between two strategies made in one process ("Shape mismatch in the
+    collective instance").
+    """
+    from tfaccel.distribute import make_strategy
+
+    return make_strategy("mirrored")
+
+
 def run_recipe(name, *args, timeout=600, env=None, cwd=None):
     """Runs recipes/<name>.py with flags in a subprocess; returns the CompletedProcess."""
     full_env = dict(os.environ, **(env or {}))

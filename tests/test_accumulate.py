@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_recipe
+from conftest import mirrored_strategy, run_recipe
 from tfaccel import accumulate, precision
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
@@ -42,7 +42,7 @@ def _train(strategy, policy, accum_steps, x, y):
 
 
 STRATEGIES = {"default": lambda: tf.distribute.get_strategy(),
-              "mirrored": lambda: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])}
+              "mirrored": mirrored_strategy}
 
 
 @pytest.mark.parametrize("strategy_name,policy", [

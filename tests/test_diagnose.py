@@ -12,6 +12,7 @@ from tfaccel.data import PipelineConfig
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.summaries import read_scalars, read_text
+from conftest import mirrored_strategy
 
 
 def slow_pipeline(n=256, features=8, batch=32, seconds_per_example=0.002):
@@ -69,7 +70,7 @@ def test_expensive_model_with_a_fast_pipeline_is_compute_bound():
 
 @pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
 def test_measuring_the_step_leaves_weights_optimizer_and_metrics_as_they_were(strategy_name):
-    strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if strategy_name == "mirrored"
+    strategy = (mirrored_strategy() if strategy_name == "mirrored"
                 else tf.distribute.get_strategy())
     with strategy.scope():
         model = tiny_model()

@@ -1,6 +1,5 @@
 """tfaccel.models: the zoo fits any shape, user models load, mismatches are caught."""
 
-import os
 import sys
 import textwrap
 

@@ -11,6 +11,7 @@ from tfaccel.errors import ConfigError, UnsupportedLayerError
 from tfaccel.keras import keras
 from tfaccel.models import build_model, load_model_file
 from tfaccel.training import compile_classifier, make_optimizer
+from conftest import mirrored_strategy
 
 BATCH, STEPS = 32, 5
 
@@ -153,7 +154,7 @@ def test_m_by_n_violations_counts_groups_along_input_channels():
 @pytest.mark.parametrize("precision", ["float32", "mixed_float16", "mixed_bfloat16"])
 def test_pruning_reaches_target(strategy_name, precision, policy, tmp_path):
     keras.mixed_precision.set_global_policy(precision)
-    strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if strategy_name == "mirrored"
+    strategy = (mirrored_strategy() if strategy_name == "mirrored"
                 else tf.distribute.get_strategy())
     with strategy.scope():
         model = small_cnn()

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from tfaccel import data, errors, models, quantize, tflite, training
 from tfaccel.keras import keras
+from conftest import mirrored_strategy
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +111,7 @@ def test_nested_model_is_flattened_with_the_same_outputs():
 
 def _distribution(name):
     if name == "mirrored":
-        return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        return mirrored_strategy()
     return tf.distribute.get_strategy()
 
 
