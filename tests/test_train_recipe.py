@@ -146,4 +146,7 @@ def test_keras3_model_file_gets_the_keras_error(tmp_path):
     keras3.Model(inputs, keras3.layers.Dense(10)(keras3.layers.Flatten()(inputs))).save(path)
     proc = run_recipe("train", f"--model={path}", f"--model_dir={tmp_path / 'run'}", timeout=180)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "error:" in proc.stderr and not (tmp_path / "run").exists()
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(ours) == 1 and "saved by Keras 3." in ours[0] and "tf_keras" in ours[0], proc.stderr
+    assert "TF_USE_LEGACY_KERAS=1" in ours[0]
+    assert not (tmp_path / "run").exists()

@@ -15,7 +15,7 @@ Example:
 import importlib
 import os
 
-from tfaccel.errors import ModelError
+from tfaccel.errors import ModelError, WrongKerasError
 from tfaccel.keras import ensure_tf_keras, keras
 
 MODELS = ("mlp", "cnn", "resnet", "mobilenet_v2")
@@ -118,16 +118,38 @@ def load_model_file(path, compile=False):
                          f"or one of {', '.join(MODELS)}")
     import tfaccel.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
 
+    saved_by = _keras_version_of(path)
+    if saved_by and not saved_by.startswith("2."):
+        raise WrongKerasError(
+            f"model file {path!r} was saved by Keras {saved_by} but tfaccel drives tf_keras "
+            "(Keras 2, required by TF-MOT): rebuild and save it with `from tfaccel.keras import "
+            "keras` (or `import tf_keras`), or save it from TensorFlow with TF_USE_LEGACY_KERAS=1")
     try:
         model = keras.models.load_model(path, compile=compile)
     except Exception as e:  # loaders raise many types for a bad file
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if len(first) > 200:
+            first = first[:200] + "..."
         raise ModelError(f"cannot load model {path!r} ({first}): give {MODEL_FILE_HINT} "
                          "saved by tf_keras") from None
     if not isinstance(model, keras.Model):
         raise ModelError(f"{path!r} holds a {type(model).__name__}, not a Keras model: save it "
                          "with model.save() from tf_keras")
     return model
+
+
+def _keras_version_of(path):
+    """The Keras version that wrote a .keras file (from its metadata.json), else None."""
+    import json
+    import zipfile
+
+    if not (os.path.isfile(path) and zipfile.is_zipfile(path)):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return str(json.loads(archive.read("metadata.json")).get("keras_version") or "") or None
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
+        return None
 
 
 def model_from_fn(spec, input_shape, num_classes):
