@@ -28,6 +28,7 @@ from absl import logging
 
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.summaries import EpochScalarLogger
 
 ALLOCATORS = ("default", "cuda_malloc_async")
 _MB = 1024 * 1024
@@ -154,7 +155,7 @@ def peak_memory_mb():
     return {"peak_rss_mb": peak_rss_mb()}
 
 
-class PeakMemoryLogger(keras.callbacks.Callback):
+class PeakMemoryLogger(EpochScalarLogger):
     """Logs each epoch's peak memory to TensorBoard as `memory/<name>` and to `logs`.
 
     Without GPUs the value is the process's peak RSS during the epoch (the
@@ -169,28 +170,10 @@ class PeakMemoryLogger(keras.callbacks.Callback):
       logdir: TensorBoard log directory.
     """
 
-    def __init__(self, logdir):
-        super().__init__()
-        self.logdir = str(logdir)
-        self.history = []
-        self._writer = None
+    tag_prefix = "memory/"
 
     def on_epoch_begin(self, epoch, logs=None):
         reset_peak_memory()
 
-    def on_epoch_end(self, epoch, logs=None):
-        peaks = peak_memory_mb()
-        self.history.append(peaks)
-        if logs is not None:
-            logs.update(peaks)
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.logdir)
-        with self._writer.as_default():
-            for name, value in peaks.items():
-                tf.summary.scalar(f"memory/{name}", value, step=epoch)
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+    def epoch_values(self, epoch):
+        return peak_memory_mb()

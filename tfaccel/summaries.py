@@ -125,18 +125,54 @@ def read_image_tags(logdir):
     return sorted(tags)
 
 
-class ThroughputLogger(keras.callbacks.Callback):
+class EpochScalarLogger(keras.callbacks.Callback):
+    """Base of callbacks that measure a few values per epoch and log them.
+
+    Subclasses implement `epoch_values(epoch)` -> {name: float}; each epoch's
+    values are kept in `history`, added to Keras's `logs`, and written to
+    TensorBoard as ``f"{tag_prefix}{name}"`` at step `epoch`.
+    """
+
+    tag_prefix = ""
+
+    def __init__(self, logdir):
+        super().__init__()
+        self.logdir = str(logdir)
+        self.history = []
+        self._writer = None
+
+    def epoch_values(self, epoch):
+        raise NotImplementedError
+
+    def on_epoch_end(self, epoch, logs=None):
+        values = self.epoch_values(epoch)
+        self.history.append(values)
+        if logs is not None:
+            logs.update(values)
+        if self._writer is None:
+            self._writer = _writer(self.logdir)
+        with self._writer.as_default():
+            for name, value in values.items():
+                tf.summary.scalar(f"{self.tag_prefix}{name}", value, step=epoch)
+        self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class ThroughputLogger(EpochScalarLogger):
     """Logs examples/sec and steps/sec of each epoch to TensorBoard and to `logs`.
 
     The first epoch includes tracing; later epochs are the steady state.
     """
 
+    tag_prefix = "epoch_"
+
     def __init__(self, logdir, global_batch_size):
-        super().__init__()
-        self.logdir = str(logdir)
+        super().__init__(logdir)
         self.global_batch_size = int(global_batch_size)
-        self.history = []
-        self._writer = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._steps = 0
@@ -145,24 +181,10 @@ class ThroughputLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
 
-    def on_epoch_end(self, epoch, logs=None):
+    def epoch_values(self, epoch):
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        rate = {"examples_per_sec": self._steps * self.global_batch_size / elapsed,
+        return {"examples_per_sec": self._steps * self.global_batch_size / elapsed,
                 "steps_per_sec": self._steps / elapsed}
-        self.history.append(rate)
-        if logs is not None:
-            logs.update(rate)
-        if self._writer is None:
-            self._writer = _writer(self.logdir)
-        with self._writer.as_default():
-            for tag, value in rate.items():
-                tf.summary.scalar(f"epoch_{tag}", value, step=epoch)
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
 
 
 def current_learning_rate(optimizer):
