@@ -160,7 +160,8 @@ def default_model_dir(prefix=""):
 
 
 def define_pipeline_flags():
-    """--cache, --shuffle_buffer, --random_flip, --standardize, --deterministic (tfaccel.data)."""
+    """--cache, --shuffle_buffer, --random_flip, --standardize, --deterministic, --data_autotune,
+    --data_ram_budget_mb (tfaccel.data)."""
     flags.DEFINE_string("cache", "auto", "Cache decoded examples: auto (in memory when they fit "
                         "2 GB), memory, none, or a file path prefix.")
     flags.DEFINE_integer("shuffle_buffer", 0, "Shuffle buffer in examples (0: sized to 256 MB "
@@ -169,16 +170,24 @@ def define_pipeline_flags():
     flags.DEFINE_bool("standardize", False, "Per-image standardization (zero mean, unit variance).")
     flags.DEFINE_bool("deterministic", False, "Keep element order through parallel input stages "
                       "(slower; off by default).")
+    flags.DEFINE_bool("data_autotune", False, "Run tf.data's autotune thread (off: each AUTOTUNE "
+                      "stage runs min(16, cores) calls, and epochs end without its teardown stall).")
+    flags.DEFINE_float("data_ram_budget_mb", 0.0, "tf.data autotune's RAM budget in MB (0: TF's "
+                       "default); needs --data_autotune.", lower_bound=0.0)
 
 
 def pipeline_config(batch_size, drop_remainder=False):
     """The `tfaccel.data.PipelineConfig` the pipeline flags ask for."""
     from tfaccel.data import PipelineConfig
 
+    if FLAGS.data_ram_budget_mb and not FLAGS.data_autotune:
+        raise TfaccelError(f"--data_ram_budget_mb={FLAGS.data_ram_budget_mb:g} is tf.data autotune's "
+                           "RAM budget: add --data_autotune, or drop it")
     return PipelineConfig(batch_size=batch_size, cache=FLAGS.cache,
                           shuffle_buffer=FLAGS.shuffle_buffer or None, random_flip=FLAGS.random_flip,
                           standardize=FLAGS.standardize, deterministic=FLAGS.deterministic,
-                          drop_remainder=drop_remainder, on_bad_example=FLAGS.on_bad_example)
+                          drop_remainder=drop_remainder, on_bad_example=FLAGS.on_bad_example,
+                          autotune=FLAGS.data_autotune, ram_budget_mb=FLAGS.data_ram_budget_mb or None)
 
 
 def define_schedule_flags():

@@ -84,6 +84,8 @@ def main(argv):
         accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
     learning_rate = (distribute.scale_learning_rate(FLAGS.learning_rate, replicas)
                      if FLAGS.scale_lr else FLAGS.learning_rate)
+    common.pipeline_config(1)  # input and schedule flags checked now, not after the data loads
+    common.lr_schedule(learning_rate, steps_per_epoch=1)
     splits = common.load_data()
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")

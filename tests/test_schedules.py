@@ -180,3 +180,4 @@ def test_train_recipe_rejects_bad_schedule_flags(recipe, tmp_path, flags, messag
     assert result.stderr.strip().splitlines()[-1].startswith(message)
     assert "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "run")
+    assert "strategy " not in result.stdout  # caught before the data and the model load

@@ -16,8 +16,9 @@ JPEG/PNG bytes) and adds, in this order, what is known to matter for speed:
    vectorized map over whole batches: random flip, rescale / normalize / standardize if
    not done before the cache, one-hot, mixup;
 7. ``prefetch(AUTOTUNE)`` and the options: ``deterministic`` off unless asked, threading
-   (one intra-op thread per element: the parallelism is across elements),
-   autotune RAM budget, auto-shard policy (DATA for in-memory sources, FILE for files).
+   (one intra-op thread per element: the parallelism is across elements), tf.data's
+   autotune thread off unless asked (see `PipelineConfig.autotune`), autotune RAM budget,
+   auto-shard policy (DATA for in-memory sources, FILE for files).
 
 Example:
 
@@ -82,7 +83,15 @@ class PipelineConfig:
         the parallelism comes from running many elements at once (with TF's default, each
         resize is split over all cores too, and the two levels fight for the same cores).
         0 = TF's default.
-      ram_budget_mb: autotune's RAM budget (None = TF's default, half the RAM).
+      autotune: run tf.data's autotune thread, which retunes each stage's parallelism and
+        buffers while the pipeline runs. Off by default: every ``AUTOTUNE`` stage then runs
+        min(16, cores) calls (autotune's own starting point), and in TF 2.21 the autotune
+        thread often stalls the end of each pass: destroying an iterator waits out the
+        thread's current sleep, up to ~1.3 s per epoch (measured on 2 cores, where it
+        halved the images/s of a 2,000-image epoch; see benchmarks/bench_data.py).
+        Turn it on for long epochs on many cores, where its tuning can pay off.
+      ram_budget_mb: autotune's RAM budget (None = TF's default, half the RAM); needs
+        ``autotune=True``.
       shard_policy: 'auto', 'data', 'file', 'off', or None to leave TensorFlow's default;
         see `auto_shard_policy`.
       on_bad_example: 'fail' (an undecodable example stops the run) or 'skip' (dropped).
@@ -110,6 +119,7 @@ class PipelineConfig:
     num_parallel_calls: int = tf.data.AUTOTUNE
     private_threadpool_size: int = 0
     max_intra_op_parallelism: int = 1
+    autotune: bool = False
     ram_budget_mb: float | None = None
     shard_policy: str | None = None
     on_bad_example: str = "fail"
@@ -135,6 +145,9 @@ class PipelineConfig:
                               f"{self.normalize_std} must have one value per channel, std > 0")
         if self.mixup_alpha < 0:
             raise ConfigError(f"mixup_alpha={self.mixup_alpha} must be >= 0 (0 turns it off)")
+        if self.ram_budget_mb is not None and not self.autotune:
+            raise ConfigError(f"ram_budget_mb={self.ram_budget_mb} is autotune's RAM budget: set "
+                              "autotune=True too, or drop ram_budget_mb")
         if self.shuffle_buffer is not None and self.shuffle_buffer < 1:
             raise ConfigError(f"shuffle_buffer={self.shuffle_buffer} must be at least 1")
 
@@ -290,6 +303,7 @@ def pipeline_options(config):
         options.threading.private_threadpool_size = int(config.private_threadpool_size)
     if config.max_intra_op_parallelism:
         options.threading.max_intra_op_parallelism = int(config.max_intra_op_parallelism)
+    options.autotune.enabled = bool(config.autotune)
     if config.ram_budget_mb:
         options.autotune.ram_budget = int(config.ram_budget_mb * 2**20)
     if config.shard_policy is not None:
