@@ -31,6 +31,11 @@ asleep waits out the sleep (up to ~1.3 s; most of a 2,000-image epoch). The tabl
 also shows the rate up to the last batch ("steady") and the median teardown, so
 the two effects can be told apart.
 
+Every pipeline runs under the same host allocator: TensorFlow's pooled one by
+default, as the recipes use (`--host_allocator=malloc` for TensorFlow's default).
+With malloc, each new tensor-sized buffer is mmapped, page-faulted and unmapped,
+which takes the process's memory-map lock and keeps the two cores from scaling.
+
 Prints a table with ratios and the targets (builder >= 1.5x serial, >= 0.95x
 hand-optimized, cached >= 10x its first epoch); writes bench_data.json, a PNG and
 the same to TensorBoard under --out_dir.
@@ -39,6 +44,7 @@ the same to TensorBoard under --out_dir.
 import os
 import sys
 import tempfile
+import textwrap
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -54,6 +60,9 @@ flags.DEFINE_integer("shards", 8, "TFRecord files.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Rounds; the best run of each pipeline counts.", lower_bound=1)
 flags.DEFINE_string("out_dir", "runs/bench_data", "Where the report, plot and logs go.")
 flags.DEFINE_string("data_dir", None, "Where the TFRecords go (default: a temporary folder).")
+flags.DEFINE_enum("host_allocator", "pooled", ("pooled", "malloc"), "Host tensors of every pipeline "
+                  "from TensorFlow's pooled allocator (tfaccel.memory.use_pooled_host_allocator, "
+                  "as the recipes do) or from malloc (TensorFlow's default).")
 
 TARGETS = (("tfaccel / serial", 1.5), ("tfaccel / hand-optimized", 0.95),
            ("tfaccel cached / tfaccel first epoch", 10.0))
@@ -151,6 +160,10 @@ def epoch_rate(dataset):
 
 def main(argv):
     del argv
+    from tfaccel import memory
+
+    if FLAGS.host_allocator == "pooled":  # before TensorFlow allocates: every pipeline alike
+        memory.use_pooled_host_allocator()
     import numpy as np
 
     from tfaccel import io, summaries
@@ -212,13 +225,15 @@ def main(argv):
         summaries.markdown_table([{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
     header = (f"{FLAGS.num_images} JPEGs {FLAGS.source_size}px -> decode, resize {size}, standardize, "
               f"batch {batch}; best of {FLAGS.repeats} full epochs (iterator made to iterator destroyed); "
-              f"{os.cpu_count()} cores")
+              f"{os.cpu_count()} cores; host allocator {FLAGS.host_allocator}"
+              f"{'' if memory.pooled_host_allocator_active() == (FLAGS.host_allocator == 'pooled') else ' (NOT IN EFFECT)'}")
     print("\n" + header + "\n\n" + table + "\n\n" + check_table)
 
     out = FLAGS.out_dir
     io.write_json(os.path.join(out, "bench_data.json"),
                   {"config": {k: FLAGS[k].value for k in ("num_images", "source_size", "image_size",
-                                                          "batch_size", "shards", "repeats")},
+                                                          "batch_size", "shards", "repeats",
+                                                          "host_allocator")},
                    "runs": runs, "best": best, "best_steady": steady, "ratios": ratios, "targets": checks,
                    "load_average": loads,
                    "command": " ".join(["python", *sys.argv])})
@@ -247,8 +262,9 @@ def _plot(path, names, best, title):
                                               "#64b5cd", "#999999", "#dd8452"][: len(names)][::-1])
     for i, v in enumerate(values[::-1]):
         ax.text(v, i, f" {v:,.0f}", va="center")
-    ax.set_xlabel("images/s (best of runs)")
-    ax.set_title(title, fontsize=8)
+    ax.set_xscale("log")  # first epochs (~10^3) and cached ones (~10^4-10^5) on one axis
+    ax.set_xlabel("images/s (best of runs, log scale)")
+    ax.set_title(textwrap.fill(title, 110), fontsize=8)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")

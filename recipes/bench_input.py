@@ -22,6 +22,7 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags(epochs=1)
 common.define_pipeline_flags()
+common.define_host_allocator_flag()
 flags.DEFINE_integer("num_batches", 20, "Timed batches (and train steps) per run.", lower_bound=1)
 flags.DEFINE_integer("warmup", 3, "Untimed batches (and steps) before each run.", lower_bound=0)
 flags.DEFINE_integer("repeats", 3, "Timed runs; the best counts.", lower_bound=1)
@@ -29,8 +30,11 @@ flags.DEFINE_integer("repeats", 3, "Timed runs; the best counts.", lower_bound=1
 
 def main(argv):
     common.reject_extra_args(argv)
+    common.use_host_allocator()  # as the train recipe does, so both measure the same input speed
     from tfaccel import data, diagnose, io, summaries, training
     from tfaccel.keras import keras
+
+    common.check_host_allocator()
 
     # --- Inputs: everything that can be wrong is checked before anything is measured.
     keras.utils.set_random_seed(FLAGS.seed)

@@ -209,6 +209,32 @@ def define_schedule_flags():
                       "than --lr_boundaries.")
 
 
+def define_host_allocator_flag():
+    """--host_allocator (tfaccel.memory.use_pooled_host_allocator)."""
+    from tfaccel.memory import HOST_ALLOCATORS
+
+    flags.DEFINE_enum("host_allocator", "pooled", HOST_ALLOCATORS, "Host (CPU) tensors from "
+                      "TensorFlow's pooled BFC allocator (faster parallel input pipelines; keeps its "
+                      "peak) or from malloc (TensorFlow's default).")
+
+
+def use_host_allocator():
+    """Applies --host_allocator; call before TensorFlow allocates its first tensor."""
+    from tfaccel import memory
+
+    if FLAGS.host_allocator == "pooled":
+        memory.use_pooled_host_allocator()
+
+
+def check_host_allocator():
+    """Warns when --host_allocator=pooled came too late; initializes TensorFlow's devices."""
+    from tfaccel import memory
+
+    if FLAGS.host_allocator == "pooled" and not memory.pooled_host_allocator_active():
+        print("warning: --host_allocator=pooled had no effect: TensorFlow allocated host memory "
+              "before the recipe could set it")
+
+
 def define_performance_flags():
     """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
     from tfaccel.memory import ALLOCATORS
@@ -225,6 +251,7 @@ def define_performance_flags():
     flags.DEFINE_integer("gpu_memory_limit", None, "Cap each GPU at this many MB.")
     flags.DEFINE_string("gpu_allocator", "default", f"GPU allocator: {', '.join(ALLOCATORS)} "
                         "(cuda_malloc_async: CUDA's stream-ordered memory pool).")
+    define_host_allocator_flag()
     flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.")
     flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes whose peak "
                        "RSS exceeds this (default: current RSS + half the available memory).")

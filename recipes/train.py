@@ -54,11 +54,13 @@ def main(argv):
     from tfaccel.errors import ConfigError
 
     # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
+    common.use_host_allocator()  # before TensorFlow allocates its first tensor
     if FLAGS.cpu_devices is not None:
         distribute.split_cpu(FLAGS.cpu_devices)
     # GPU memory settings likewise (on a machine without GPUs they only warn).
     memory.configure_gpu_memory(growth=FLAGS.memory_growth, limit_mb=FLAGS.gpu_memory_limit,
                                 allocator=FLAGS.gpu_allocator)
+    common.check_host_allocator()
     from tfaccel import data, diagnose, io, resume, summaries, training
     from tfaccel.keras import keras
 

@@ -1,4 +1,9 @@
-"""GPU memory settings (warnings without GPUs), peak memory per epoch, freeing memory."""
+"""GPU memory settings (warnings without GPUs), the pooled host allocator, peak memory per
+epoch, freeing memory."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -67,3 +72,39 @@ def test_free_memory_resets_keras_global_state():
     keras.layers.Dense(1)
     memory.free_memory()
     assert keras.layers.Dense(1).name == "dense"
+
+
+_POOL_CHECK = """
+import tensorflow as tf
+from tfaccel import memory
+if {pooled}:
+    memory.use_pooled_host_allocator(limit_mb=512)
+x = tf.ones((256, 1024)) * 2.0  # the first allocation creates TensorFlow's CPU allocator
+print("active", memory.pooled_host_allocator_active(), float(tf.reduce_sum(x)))
+if {pooled}:
+    info = tf.config.experimental.get_memory_info("CPU:0")
+    print("peak_bytes", info["peak"])
+"""
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_pooled_host_allocator_in_a_fresh_process(pooled):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
+    proc = subprocess.run([sys.executable, "-c", _POOL_CHECK.format(pooled=pooled)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert lines["active"] == f"{pooled} {2.0 * 256 * 1024}"
+    if pooled:  # the pool's own statistics saw the 1 MB tensor
+        assert int(lines["peak_bytes"]) >= 256 * 1024 * 4
+
+
+def test_pooled_allocator_comes_too_late_in_a_running_process(monkeypatch):
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    import tensorflow as tf
+
+    float(tf.reduce_sum(tf.ones((64, 64))))  # this process has allocated host tensors already
+    memory.use_pooled_host_allocator()
+    assert memory.pooled_host_allocator_active() is False
+    with pytest.raises(ConfigError, match="must be positive"):
+        memory.use_pooled_host_allocator(limit_mb=0)

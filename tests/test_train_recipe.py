@@ -124,6 +124,7 @@ slow = pytest.mark.slow
     pytest.param(["--dataset=npz"], "npz file None does not exist", marks=slow),
     pytest.param(["--optimizer=adamax"], "--optimizer=adamax", marks=slow),
     pytest.param(["stray_argument"], "unexpected arguments 'stray_argument'", marks=slow),
+    pytest.param(["--host_allocator=jemalloc"], "--host_allocator", marks=slow),
     pytest.param(["--data_ram_budget_mb=64"], "--data_ram_budget_mb=64 is tf.data autotune's", marks=slow),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
