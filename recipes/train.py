@@ -60,7 +60,6 @@ def main(argv):
     # GPU memory settings likewise (on a machine without GPUs they only warn).
     memory.configure_gpu_memory(growth=FLAGS.memory_growth, limit_mb=FLAGS.gpu_memory_limit,
                                 allocator=FLAGS.gpu_allocator)
-    common.check_host_allocator()
     from tfaccel import data, diagnose, io, resume, summaries, training
     from tfaccel.keras import keras
 
@@ -76,6 +75,7 @@ def main(argv):
     strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
                                         collective=FLAGS.collective)
     replicas = strategy.num_replicas_in_sync
+    common.check_host_allocator()  # it initializes the runtime: after the strategy set it up
     autos = [f"--{f}=auto" for f in ("precision", "jit_compile", "batch_size")
              if FLAGS[f].value == "auto"]
     if autos and distribute.num_workers(strategy) > 1:  # workers could measure different winners
