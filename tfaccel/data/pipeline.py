@@ -20,6 +20,11 @@ JPEG/PNG bytes) and adds, in this order, what is known to matter for speed:
    autotune thread off unless asked (see `PipelineConfig.autotune`), autotune RAM budget,
    auto-shard policy (DATA for in-memory sources, FILE for files).
 
+Decoding images in parallel also needs the host allocator to keep up: call
+`tfaccel.memory.use_pooled_host_allocator()` at the start of the program (the
+recipes do). On 2 cores it took the builder from 1.3x to 1.6x a serial
+pipeline (benchmarks/bench_data.py).
+
 Example:
 
     from tfaccel.data import PipelineConfig, build_pipeline, load_dataset
