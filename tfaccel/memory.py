@@ -102,7 +102,7 @@ def use_pooled_host_allocator(limit_mb=None):
     and munmap takes the process's memory-map lock, so parallel input stages stall
     each other. On 2 cores a decode/resize/standardize pipeline spent 15-25% of its
     CPU time in the kernel. With the pool, kernel time fell by 60% and the builder
-    ran at 1.6-1.7x the serial pipeline instead of 1.3-1.4x (benchmarks/bench_data.py,
+    ran at 1.6x the serial pipeline instead of 1.3x (benchmarks/bench_data.py,
     which compares both). The pool grows as needed and keeps what it grew to, so
     the peak host memory stays reserved until the process ends.
 
