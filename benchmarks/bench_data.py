@@ -51,6 +51,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from tfaccel.memory import HOST_ALLOCATORS  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_images", 2000, "Synthetic JPEGs to write.", lower_bound=64)
 flags.DEFINE_integer("source_size", 224, "Height and width of the JPEGs.", lower_bound=16)
@@ -60,7 +62,7 @@ flags.DEFINE_integer("shards", 8, "TFRecord files.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Rounds; the best run of each pipeline counts.", lower_bound=1)
 flags.DEFINE_string("out_dir", "runs/bench_data", "Where the report, plot and logs go.")
 flags.DEFINE_string("data_dir", None, "Where the TFRecords go (default: a temporary folder).")
-flags.DEFINE_enum("host_allocator", "pooled", ("pooled", "malloc"), "Host tensors of every pipeline "
+flags.DEFINE_enum("host_allocator", "pooled", HOST_ALLOCATORS, "Host tensors of every pipeline "
                   "from TensorFlow's pooled allocator (tfaccel.memory.use_pooled_host_allocator, "
                   "as the recipes do) or from malloc (TensorFlow's default).")
 
@@ -223,10 +225,11 @@ def main(argv):
                                             "median teardown ms", "runs"])
     check_table = summaries.markdown_table(checks, ["target", "measured", "met"]) + "\n\n" + \
         summaries.markdown_table([{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+    in_effect = memory.pooled_host_allocator_active() == (FLAGS.host_allocator == "pooled")
     header = (f"{FLAGS.num_images} JPEGs {FLAGS.source_size}px -> decode, resize {size}, standardize, "
               f"batch {batch}; best of {FLAGS.repeats} full epochs (iterator made to iterator destroyed); "
               f"{os.cpu_count()} cores; host allocator {FLAGS.host_allocator}"
-              f"{'' if memory.pooled_host_allocator_active() == (FLAGS.host_allocator == 'pooled') else ' (NOT IN EFFECT)'}")
+              f"{'' if in_effect else ' (NOT IN EFFECT)'}")
     print("\n" + header + "\n\n" + table + "\n\n" + check_table)
 
     out = FLAGS.out_dir
