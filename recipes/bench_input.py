@@ -1,8 +1,8 @@
 """Is training input-bound or compute-bound? Measure both sides and say what to change.
 
     python recipes/bench_input.py                                   # CNN on digits
-    python recipes/bench_input.py --dataset=image_dir --data_dir=/data/flowers --image_size=160,160 \\
-        --model=mobilenet_v2 --cache=none --random_flip
+    python recipes/bench_input.py --dataset=image_dir --data_dir=/data/flowers \\
+        --image_size=160,160 --model=mobilenet_v2 --cache=none --random_flip
 
 Measures, in examples/s (best of --repeats after --warmup batches): the input
 pipeline alone (the same `tfaccel.data` pipeline the train recipe builds from
@@ -38,29 +38,34 @@ def main(argv):
 
     # --- Inputs: everything that can be wrong is checked before anything is measured.
     keras.utils.set_random_seed(FLAGS.seed)
+    pipeline = common.pipeline_config(FLAGS.batch_size)
     splits = common.load_data()
     model = common.load_model(splits.info)
-    pipeline = common.pipeline_config(FLAGS.batch_size)
     train_ds = data.build_pipeline(splits.train, pipeline, training=True, info=splits.info,
                                    num_examples=splits.info.num_examples["train"], seed=FLAGS.seed)
-    training.compile_classifier(model, training.make_optimizer(FLAGS.optimizer, FLAGS.learning_rate))
+    training.compile_classifier(model, training.make_optimizer(FLAGS.optimizer,
+                                                               FLAGS.learning_rate))
     model_dir = common.default_model_dir(prefix="bench_input-")
 
     # --- Measure both sides.
     print(f"measuring the input pipeline and the train step of {common.model_label()} on "
           f"{FLAGS.dataset} (batch {FLAGS.batch_size}, best of {FLAGS.repeats}) ...", flush=True)
-    result = diagnose.diagnose_input(model, train_ds, config=pipeline, num_batches=FLAGS.num_batches,
-                                     warmup=FLAGS.warmup, repeats=FLAGS.repeats)
+    result = diagnose.diagnose_input(model, train_ds, config=pipeline,
+                                     num_batches=FLAGS.num_batches, warmup=FLAGS.warmup,
+                                     repeats=FLAGS.repeats)
 
     # --- Report.
-    rows = [{"measured": "input pipeline alone", "best examples/s": round(result.input_examples_per_sec),
+    rows = [{"measured": "input pipeline alone",
+             "best examples/s": round(result.input_examples_per_sec),
              "runs": ", ".join(f"{v:,.0f}" for v in result.input_runs)},
-            {"measured": "train step alone (cached data)", "best examples/s": round(result.step_examples_per_sec),
+            {"measured": "train step alone (cached data)",
+             "best examples/s": round(result.step_examples_per_sec),
              "runs": ", ".join(f"{v:,.0f}" for v in result.step_runs)}]
     table = summaries.markdown_table(rows)
     logdir = os.path.join(model_dir, "logs")
     io.write_json(os.path.join(model_dir, "diagnosis.json"),
-                  {**result.as_dict(), "flags": common.flag_values(), "command": common.command_line()})
+                  {**result.as_dict(), "flags": common.flag_values(),
+                   "command": common.command_line()})
     png = os.path.join(model_dir, "diagnosis.png")
     _plot(png, result)
     diagnose.write_diagnosis(logdir, result)
@@ -92,4 +97,4 @@ def _plot(path, result):
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run(main, model_dir_prefix="bench_input-")

@@ -3,7 +3,7 @@
     python recipes/optimize.py                       # digits CNN: train, prune, QAT, TFLite
     python recipes/optimize.py --flagfile=recipes/presets/optimize_digits_cnn.cfg
     python recipes/optimize.py --model=runs/digits-cnn/model.keras --variants=float,int8,qat_int8
-    tensorboard --logdir runs/optimize-digits-cnn/logs
+    tensorboard --logdir runs/optimize-digits-cnn/logs --host localhost
 
 A zoo --model is trained for --epochs (cosine learning-rate decay by
 default); a .keras/.h5/SavedModel --model is taken as trained. Then each variant in --variants is built and measured as a
@@ -12,13 +12,19 @@ post-training quantization calibrated on --calibration_samples training
 examples), `float16`, `int16x8`, `qat_int8` (quantization-aware fine-tuning,
 then int8) and `pruned_qat_int8` (prune to --sparsity, then prune-preserving
 QAT so the zeros survive, then int8). With --prune_block_size other than 1,1
-pruning runs in two stages: 2-D (Dense) kernels in blocks first, then every
-prunable kernel element-wise at the same sparsity, holding the blocks' zeros.
+pruning runs in two stages: 2-D (Dense) kernels in blocks and the others
+(convolutions) element-wise first, then every prunable kernel element-wise at
+the same sparsity, holding the blocks' zeros. The QAT models are built on
+throwaway copies (pruned and stripped for pruned_qat_int8) before any
+training, so a layer QAT rejects stops the run at once.
 
 Writes to --model_dir: float/model.keras, tflite/<variant>.tflite, report.md,
-report.json and report.png (accuracy vs gzipped size), and TensorBoard logs
-(logs/<stage>: training curves; logs/report: the table as text, the plot as an
-image, and per-variant scalars).
+report.json and report.png (accuracy vs gzipped size; the pruned_qat_int8 row's
+pruned_sparsity is the share of zeros in the pruned layers' int8 weights), and
+TensorBoard logs (logs/<stage>: training curves; logs/report: the table as
+text, the plot as an image, and per-variant scalars). While it runs, all of it
+is in <model_dir>/.partial (TensorBoard can watch <model_dir>/.partial/logs); it
+moves up into --model_dir, replacing a previous run's outputs, only when complete.
 """
 
 import os
@@ -53,8 +59,9 @@ flags.DEFINE_integer("prune_epochs", 8, "pruned_qat_int8: epochs of pruning (ram
 flags.DEFINE_integer("prune_hold_epochs", 4, "pruned_qat_int8 with block pruning: epochs of the "
                      "element-wise second stage.", lower_bound=0)
 flags.DEFINE_list("prune_block_size", ["16", "1"], "rows,cols of Dense kernel blocks pruned "
-                  "together (16,1: 16 consecutive inputs of one unit, contiguous in TFLite); 1,1 "
-                  "for element-wise pruning only.")
+                  "together (16,1: 16 consecutive inputs of one unit, contiguous in TFLite; "
+                  "convolutions are pruned element-wise); 1,1 for element-wise pruning only.")
+common.require_ints("prune_block_size", "rows,cols: two positive integers", count=2)
 flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning (default: "
                    "--learning_rate / 2).", lower_bound=0.0)
 flags.DEFINE_integer("qat_epochs", 3, "Epochs of quantization-aware fine-tuning.", lower_bound=1)
@@ -105,19 +112,32 @@ def main(argv):
     with strategy.scope():
         model = common.load_model(splits.info)
     skip = FLAGS.qat_skip_layers or None
-    if any(v.endswith("qat_int8") for v in variants):
-        quantize.check_qat_ready(model, skip_layers=skip)
     steps = data.steps_per_epoch(splits.info.num_examples["train"], FLAGS.batch_size, drop)
-    if "pruned_qat_int8" in variants:
-        prune.plan_pruning(model, prune.PruneConfig(block_size=block))
-        prune.make_pruning_schedule(sparsity, FLAGS.prune_epochs, steps)
-    model_dir = common.default_model_dir("optimize-")
+    stages = [("prune", prune.PruneConfig(block_size=block), FLAGS.prune_epochs)]
+    if block != (1, 1) and FLAGS.prune_hold_epochs:
+        stages.append(("prune_hold", prune.PruneConfig(schedule="constant"),
+                       FLAGS.prune_hold_epochs))
+    for _, config, epochs in stages if "pruned_qat_int8" in variants else ():
+        prune.make_pruning_schedule(sparsity, epochs, steps, config)
+    # QAT models built now on throwaway copies (after pruning and stripping one for
+    # pruned_qat_int8), so that whatever QAT rejects stops the run before any training.
+    with strategy.scope():
+        if "qat_int8" in variants:
+            quantize.check_quantize_aware(model, skip_layers=skip)
+        if "pruned_qat_int8" in variants:
+            quantize.check_quantize_aware(model, "prune_preserve", skip_layers=skip,
+                                          prune_configs=[config for _, config, _ in stages])
+    # Outputs go to <model_dir>/.partial and move up into --model_dir (report files last) only
+    # when the run is complete: a failed or killed run leaves no half-set that looks like one.
+    final_dir = common.default_model_dir("optimize-")
+    model_dir = os.path.join(final_dir, ".partial")
     logdir = os.path.join(model_dir, "logs")
     train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
                                   drop_remainder=drop)
     test_ds = data.batch_dataset(splits.test, 256, training=False)
     test_x, labels = (np.concatenate(a) for a in zip(*test_ds.as_numpy_iterator()))
-    os.makedirs(model_dir, exist_ok=True)
+    report.discard(model_dir)  # a stale one from a killed run
+    os.makedirs(model_dir)
     io.write_text(os.path.join(model_dir, "flags.cfg"), FLAGS.flags_into_string())
     summaries.write_text(os.path.join(logdir, "report"), "config/flags",
                          summaries.markdown_table(common.flag_values())
@@ -136,7 +156,8 @@ def main(argv):
                 type(learning_rate).__name__
             print(f"--- {stage}: {epochs} epochs, learning rate {rate}")
             m.fit(train_ds, epochs=epochs, verbose=2, callbacks=[
-                *callbacks, keras.callbacks.TensorBoard(os.path.join(logdir, stage))])
+                training.StopOnNonFiniteLoss(), *callbacks,
+                keras.callbacks.TensorBoard(os.path.join(logdir, stage))])
         return m
 
     def predictions(m):
@@ -169,12 +190,9 @@ def main(argv):
         path = tflite.convert_to_tflite(qat, os.path.join(tflite_dir, "qat_int8.tflite"), "int8")
         built["qat_int8"] = (path, predictions(qat))
     if "pruned_qat_int8" in variants:
-        stages = [("prune", prune.PruneConfig(block_size=block), FLAGS.prune_epochs)]
-        if block != (1, 1) and FLAGS.prune_hold_epochs:
-            stages.append(("prune_hold", prune.PruneConfig(schedule="constant"),
-                           FLAGS.prune_hold_epochs))
-        pruned = model
+        pruned, pruned_layers = model, set()
         for stage, config, epochs in stages:
+            pruned_layers |= set(prune.plan_pruning(pruned, config).pruned)
             with strategy.scope():
                 wrapped, callbacks = prune.prune_to_sparsity(
                     pruned, sparsity, epochs, steps, config,
@@ -192,6 +210,8 @@ def main(argv):
                                         "int8")
         built["pruned_qat_int8"] = (path, predictions(pqat))
         extra["pruned_qat_int8_weight_sparsity"] = tflite.weight_sparsity(path)["sparsity"]
+        extra["pruned_layers"] = sorted(pruned_layers)
+        pruned_sparsity = tflite.weight_sparsity(path, layer_names=pruned_layers)["sparsity"]
 
     # --- Measure every file: accuracy, agreement, size, latency (interleaved, same load).
     latency = tflite.compare_latency({v: p for v, (p, _) in built.items()},
@@ -209,7 +229,8 @@ def main(argv):
             "agreement_with_float": tflite.prediction_agreement(result["predictions"], float_pred),
             "agreement_with_source": tflite.prediction_agreement(result["predictions"],
                                                                  source_pred),
-            "path": path})
+            **({"pruned_sparsity": pruned_sparsity} if variant == "pruned_qat_int8" else {}),
+            "path": os.path.join(final_dir, os.path.relpath(path, model_dir))})
     rows = report.comparison_rows(measured, "float", reference_accuracy=float_keras)
 
     # --- Report: markdown + JSON + PNG, and the same in TensorBoard.
@@ -228,11 +249,13 @@ def main(argv):
         **{f"accuracy/{r['variant']}": r["accuracy"] for r in rows},
         **{f"gzip_ratio/{r['variant']}": r["gzip_ratio"] for r in rows},
         **{f"speedup/{r['variant']}": r["speedup"] for r in rows}})
-    with open(paths["markdown"]) as f:
+    report.publish(model_dir, final_dir, last=[os.path.basename(p) for p in paths.values()
+                                               if p != paths["logdir"]])
+    with open(os.path.join(final_dir, "report.md")) as f:
         print("\n" + f.read())
-    print(f"wrote {model_dir}: report.md, report.json, report.png, tflite/, float/, logs/")
-    print(f"inspect: tensorboard --logdir {logdir}")
+    print(f"wrote {final_dir}: report.md, report.json, report.png, tflite/, float/, logs/")
+    print(f"inspect: {summaries.tensorboard_command(os.path.join(final_dir, 'logs'))}")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run(main, model_dir_prefix="optimize-")

@@ -4,7 +4,7 @@
     python recipes/prune.py --flagfile=recipes/presets/prune_digits_cnn.cfg
     python recipes/prune.py --model=runs/digits-cnn/model.keras --sparsity=0.9 --prune_epochs=30
     python recipes/prune.py --m_by_n=2,4                      # 2:4 structured sparsity
-    tensorboard --logdir runs/prune-digits-cnn/logs
+    tensorboard --logdir runs/prune-digits-cnn/logs --host localhost
 
 A zoo --model is trained first for --epochs (and reused by a rerun with the
 same flags); a .keras/.h5/SavedModel --model is taken as trained. Pruning then
@@ -34,6 +34,7 @@ common.define_model_flags()
 common.define_train_flags()
 common.define_distribute_flags()
 flags.DEFINE_string("precision", "float32", "float32, mixed_float16 or mixed_bfloat16.")
+common.check_choice("precision", "precision", common.choices.PRECISIONS)
 flags.DEFINE_float("sparsity", 0.8, "Target share of zero weights in the pruned layers, in [0, 1).")
 flags.DEFINE_integer("prune_epochs", 20, "Epochs of fine-tuning while pruning.", lower_bound=1)
 flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning "
@@ -46,7 +47,12 @@ flags.DEFINE_float("end_epoch", None, "Epoch where the ramp reaches --sparsity "
 flags.DEFINE_integer("pruning_frequency", None, "Steps between mask updates (default: ~20 per ramp).")
 flags.DEFINE_list("m_by_n", [], "e.g. 2,4: at least 2 zeros in every 4 consecutive weights "
                   "(overrides --sparsity with m/n).")
-flags.DEFINE_list("block_size", ["1", "1"], "rows,cols of weight blocks pruned together (2-D kernels).")
+common.require_ints("m_by_n", "m,n: integers with 0 < m < n (at least m zeros in every n "
+                    "consecutive weights)", count=2, example="2,4", rule=lambda mn: mn[0] < mn[1],
+                    allow_empty=True)
+flags.DEFINE_list("block_size", ["1", "1"], "rows,cols of weight blocks pruned together (2-D "
+                  "kernels; convolutions are pruned element-wise).")
+common.require_ints("block_size", "rows,cols: two positive integers", count=2)
 flags.DEFINE_string("block_pooling", "AVG", "AVG or MAX: a block's magnitude.")
 flags.DEFINE_string("pruning_policy", None, "xnnpack: prune only 1x1 convolutions XNNPACK runs sparse.")
 flags.DEFINE_list("include_layers", [], "Layer names or classes to prune (default: automatic).")
@@ -148,7 +154,8 @@ def main(argv):
         with strategy.scope():
             compile_for(model, learning_rate)
         model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, verbose=2,
-                  callbacks=[keras.callbacks.TensorBoard(os.path.join(logdir, "baseline"))])
+                  callbacks=[training.StopOnNonFiniteLoss(),
+                             keras.callbacks.TensorBoard(os.path.join(logdir, "baseline"))])
     with strategy.scope():
         compile_for(model, learning_rate)
     baseline = training.evaluate(model, test_ds)
@@ -160,16 +167,20 @@ def main(argv):
 
     # --- Prune while fine-tuning; a rerun after a crash resumes from the backup.
     print(f"pruning {', '.join(plan.pruned)} to {target:.0%}; left dense: "
-          + ("; ".join(f"{k} ({v})" for k, v in plan.skipped.items()) or "none"))
+          + ("; ".join(f"{k} ({v})" for k, v in plan.skipped.items()) or "none")
+          + (f"; element-wise (blocks need 2-D kernels): {', '.join(plan.element_wise)}"
+             if plan.element_wise else ""))
     with strategy.scope():
         pruned, callbacks = prune.prune_to_sparsity(
             model, target, FLAGS.prune_epochs, steps, config,
-            log_dir=os.path.join(logdir, "pruning"), backup_dir=backup_dir, backup_freq=backup_freq)
+            log_dir=os.path.join(logdir, "pruning"), backup_dir=backup_dir, backup_freq=backup_freq,
+            delete_backup_after_fit=False)  # removed once the report is written
         compile_for(pruned, prune_lr)
     logger = callbacks[-1]
     start = time.perf_counter()
     pruned.fit(train_ds, validation_data=val_ds, epochs=FLAGS.prune_epochs, verbose=2,
-               callbacks=[*callbacks, keras.callbacks.TensorBoard(logdir, update_freq="epoch")])
+               callbacks=[training.StopOnNonFiniteLoss(), *callbacks,
+                          keras.callbacks.TensorBoard(logdir, update_freq="epoch")])
     prune_seconds = time.perf_counter() - start
     final_step = prune.pruning_step(pruned)
 
@@ -245,9 +256,11 @@ def main(argv):
         "sparsity/pruned_layers": report["pruned"]["sparsity"],
         **{f"size/{r['file']}_gzip_ratio": r["gzip_ratio"] for r in size_rows}},
         step=FLAGS.prune_epochs)
+    if distribute.is_chief(strategy):  # every result is in place: the backup may go
+        resume.remove_backup(backup_dir)
     print(f"\n{markdown}\n\nwrote {model_dir}: report.md, report.json, sparsity.png, pruned/, "
-          f"baseline/, logs/\ninspect: tensorboard --logdir {logdir}")
+          f"baseline/, logs/\ninspect: {summaries.tensorboard_command(logdir)}")
 
 
 if __name__ == "__main__":
-    common.run(main)
+    common.run(main, model_dir_prefix="prune-")

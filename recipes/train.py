@@ -2,14 +2,15 @@
 
     python recipes/train.py                          # CNN on the bundled digits
     python recipes/train.py --flagfile=recipes/presets/digits_cnn.cfg
-    tensorboard --logdir runs/digits-cnn/logs
+    tensorboard --logdir runs/digits-cnn/logs --host localhost
     python recipes/train.py --strategy=mirrored --cpu_devices=2          # 2 replicas, no GPU
     tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker
     python recipes/train.py --precision=auto --jit_compile=auto --batch_size=auto  # measured
     python recipes/train.py --precision=mixed_float16 --batch_size=256 --grad_accum_steps=4
 
 --batch_size is global (split over the replicas); rerunning the same command
-after a crash resumes from the backup in --backup_dir (see docs/distribution.md).
+after a crash resumes from the backup in --backup_dir (see docs/distribution.md);
+rerunning it after the run finished only says so (--retrain trains again).
 --precision, --jit_compile, --grad_accum_steps, --batch_size=auto and the GPU
 memory flags are described in docs/performance.md.
 
@@ -35,6 +36,9 @@ common.define_schedule_flags()
 common.define_performance_flags()
 flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input pipeline and the "
                   "train step alone and say which is the bottleneck (input-bound or compute-bound).")
+flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run "
+                  "(metrics.json and the exports); without it such a rerun only says so. A backup "
+                  "of an unfinished run is still resumed.")
 
 
 def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
@@ -88,6 +92,20 @@ def main(argv):
                      if FLAGS.scale_lr else FLAGS.learning_rate)
     common.pipeline_config(1)  # input and schedule flags checked now, not after the data loads
     common.lr_schedule(learning_rate, steps_per_epoch=1)
+    # A finished run (metrics.json, written last, and the exports) is not trained again unless
+    # asked; every worker reads the same directory, so all of them decide alike.
+    finished = training.read_finished_run(common.default_model_dir())
+    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
+    if finished is not None and not FLAGS.retrain:
+        if distribute.is_chief(strategy):
+            resume.remove_backup(backup_dir)  # left by a kill after metrics.json was written
+        print(f"{common.default_model_dir()} holds a finished run (test accuracy "
+              f"{finished.get('test_accuracy', float('nan')):.4f} in metrics.json): not training "
+              "again; pass --retrain (or another --model_dir) to train again")
+        return
+    if finished is not None and distribute.is_chief(strategy):  # --retrain
+        resume.remove_backup(backup_dir)
+        os.remove(os.path.join(common.default_model_dir(), "metrics.json"))
     splits = common.load_data()
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")
@@ -113,7 +131,6 @@ def main(argv):
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
     # Only the chief writes to --model_dir; other workers write to a temporary directory.
     model_dir = distribute.worker_output_dir(common.default_model_dir(), strategy)
-    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
     logdir = os.path.join(model_dir, "logs")
     print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
           f"{FLAGS.batch_size} = {per_replica_batch} per replica x {replicas} replica(s); "
@@ -122,7 +139,9 @@ def main(argv):
     # --- Model and data.
     pipeline = common.pipeline_config(FLAGS.batch_size,
                                       drop_remainder=distribute.needs_drop_remainder(strategy))
-    train_ds, val_ds, test_ds = data.build_splits(splits, pipeline, seed=FLAGS.seed)
+    data_epoch = resume.EpochCounter()  # epoch k's shuffle is the same after a resume
+    train_ds, val_ds, test_ds = data.build_splits(splits, pipeline, seed=FLAGS.seed,
+                                                  epoch=data_epoch.epoch)
     schedule = common.lr_schedule(learning_rate, data.steps_per_epoch(
         splits.info.num_examples["train"], FLAGS.batch_size, pipeline.drop_remainder))
     choice = None
@@ -171,12 +190,16 @@ def main(argv):
         print(diagnosis.summary())
         diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
     throughput = summaries.ThroughputLogger(os.path.join(logdir, "train"), FLAGS.batch_size)
-    backup = resume.backup_callbacks(backup_dir, backup_freq, epochs=FLAGS.epochs)
+    # Kept after fit: removed once metrics.json is written, so a kill while exporting loses nothing.
+    backup = resume.backup_callbacks(backup_dir, backup_freq, epochs=FLAGS.epochs,
+                                     delete_after_fit=False)
     callbacks = [
-        *backup,  # first: the others then see the restored state
+        training.StopOnNonFiniteLoss(),  # first: nothing backs up or logs a NaN step
+        *backup,  # before the others: they then see the restored state
+        data_epoch,
         summaries.LearningRateLogger(os.path.join(logdir, "train"), every_n_steps=10),
         throughput,
-        keras.callbacks.TensorBoard(logdir, update_freq="epoch"),
+        summaries.TensorBoard(logdir, update_freq="epoch"),  # learning_rate comes from above
         keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
         memory.PeakMemoryLogger(train_logdir),
@@ -199,8 +222,10 @@ def main(argv):
         "batch_size": FLAGS.batch_size,
         "test_accuracy": test["accuracy"],
         "test_loss": test["loss"],
+        # No epoch ran when a rerun only redoes the export (training had finished in the backup).
         "validation_accuracy": (float(history.history["val_accuracy"][-1])
-                                if history.history.get("val_accuracy") else None),
+                                if history.history.get("val_accuracy")
+                                else training.evaluate(model, val_ds)["accuracy"]),
         "train_seconds": train_seconds,
         "examples_per_sec": throughput.history[-1]["examples_per_sec"] if throughput.history else None,
         "exports": exports,
@@ -214,14 +239,18 @@ def main(argv):
         "learning_rate": learning_rate,
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
     }
-    io.write_json(os.path.join(model_dir, "metrics.json"), metrics)
     summaries.write_scalars(os.path.join(logdir, "test"),
                             {"test_accuracy": test["accuracy"], "test_loss": test["loss"]},
                             step=FLAGS.epochs)
+    # Last, atomically: metrics.json marks the run finished (training.read_finished_run); only
+    # then may the backup go.
+    io.write_json(os.path.join(model_dir, "metrics.json"), metrics)
+    if distribute.is_chief(strategy):
+        resume.remove_backup(backup_dir)
     print(f"\n{metrics['model']} on {FLAGS.dataset}: test accuracy {test['accuracy']:.4f} "
           f"(loss {test['loss']:.4f}) after {FLAGS.epochs} epochs in {train_seconds:.1f}s")
     print(f"wrote {model_dir}: model.keras, saved_model/, metrics.json, checkpoints/, logs/")
-    print(f"inspect: tensorboard --logdir {logdir}")
+    print(f"inspect: {summaries.tensorboard_command(logdir)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 epoch, freeing memory."""
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -16,8 +17,8 @@ from tfaccel.keras import keras
 def test_gpu_settings_on_a_machine_without_gpus_only_warn(monkeypatch):
     monkeypatch.delenv("TF_GPU_ALLOCATOR", raising=False)
     warnings = memory.configure_gpu_memory(limit_mb=1024, gpus=[])
-    assert warnings == ["no GPU visible: a 1024 MB memory limit ignored (GPU memory settings "
-                        "only apply to GPUs)"]
+    assert warnings == [("no GPU visible: a 1024 MB memory limit ignored (GPU memory settings "
+                         "only apply to GPUs)")]
     warnings = memory.configure_gpu_memory(growth=True, allocator="cuda_malloc_async", gpus=[])
     assert "memory growth and the cuda_malloc_async allocator ignored" in warnings[0]
     assert memory.configure_gpu_memory(gpus=[]) == []
@@ -80,22 +81,44 @@ from tfaccel import memory
 if {pooled}:
     memory.use_pooled_host_allocator(limit_mb=512)
 x = tf.ones((256, 1024)) * 2.0  # the first allocation creates TensorFlow's CPU allocator
+print("kind", memory.host_allocator())
 print("active", memory.pooled_host_allocator_active(), float(tf.reduce_sum(x)))
-if {pooled}:
-    info = tf.config.experimental.get_memory_info("CPU:0")
-    print("peak_bytes", info["peak"])
+try:
+    print("peak_bytes", tf.config.experimental.get_memory_info("CPU:0")["peak"])
+except ValueError:  # "Allocator stats not available": plain malloc keeps none
+    print("peak_bytes none")
 """
+
+# TensorFlow's default policy for oneDNN (and with it oneDNN's allocator) on x86 Linux.
+_ONEDNN_CPU_FLAGS = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}
+
+
+def _cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        return next((set(line.split(":", 1)[1].split()) for line in f
+                     if line.startswith("flags")), set())
 
 
 @pytest.mark.parametrize("pooled", [True, False])
-def test_pooled_host_allocator_in_a_fresh_process(pooled):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
+@pytest.mark.parametrize("onednn", [None, "1", "0"])  # None: this machine's default
+def test_pooled_host_allocator_in_a_fresh_process(pooled, onednn):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TF_CPU_") and k != "TF_ENABLE_ONEDNN_OPTS"}
+    if onednn is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = onednn
+    if onednn != "0" and not pooled and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("oneDNN's allocator and its default policy are checked on x86 CPUs")
     proc = subprocess.run([sys.executable, "-c", _POOL_CHECK.format(pooled=pooled)], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    onednn_on = onednn == "1" or (onednn is None and bool(_ONEDNN_CPU_FLAGS & _cpu_flags()))
+    expected = "pooled" if pooled else "onednn" if onednn_on else "malloc"
+    assert lines["kind"] == expected
     assert lines["active"] == f"{pooled} {2.0 * 256 * 1024}"
-    if pooled:  # the pool's own statistics saw the 1 MB tensor
+    if expected == "malloc":
+        assert lines["peak_bytes"] == "none"
+    else:  # both pools keep statistics, so statistics alone cannot tell them apart
         assert int(lines["peak_bytes"]) >= 256 * 1024 * 4
 
 
@@ -104,7 +127,11 @@ def test_pooled_allocator_comes_too_late_in_a_running_process(monkeypatch):
     import tensorflow as tf
 
     float(tf.reduce_sum(tf.ones((64, 64))))  # this process has allocated host tensors already
+    before = memory.host_allocator()
     memory.use_pooled_host_allocator()
+    assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+    assert before in ("onednn", "malloc")
+    assert memory.host_allocator() == before
     assert memory.pooled_host_allocator_active() is False
     with pytest.raises(ConfigError, match="must be positive"):
         memory.use_pooled_host_allocator(limit_mb=0)

@@ -86,3 +86,71 @@ def test_model_fn(tmp_path, monkeypatch):
     with pytest.raises(tfaccel.ModelError, match="cannot import 'no_such_pkg.mod'"):
         models.resolve_model("cnn", (8, 8, 1), 10, model_fn="no_such_pkg.mod:fn")
     sys.modules.pop("my_models", None)
+
+
+def test_model_fn_failures_are_the_users_function_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "broken_models.py").write_text(textwrap.dedent("""
+        def raises(input_shape, num_classes):
+            raise RuntimeError("layer sizes do not add up\\nsecond line")
+
+        def wrong_signature(shape):
+            return None
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(tfaccel.ModelError) as raised:
+        models.resolve_model("cnn", (8, 8, 1), 10, model_fn="broken_models:raises")
+    message = str(raised.value)
+    assert "your function raises(input_shape=(8, 8, 1), num_classes=10) raised RuntimeError: " \
+           "layer sizes do not add up (broken_models.py:3)" in message
+    assert "\n" not in message and "second line" not in message
+    with pytest.raises(tfaccel.ModelError, match=r"cannot be called as wrong_signature\("
+                       r"input_shape=\.\.\., num_classes=\.\.\.\).*define it as "
+                       r"def wrong_signature\(input_shape, num_classes\)"):
+        models.resolve_model("cnn", (8, 8, 1), 10, model_fn="broken_models:wrong_signature")
+    sys.modules.pop("broken_models", None)
+
+
+class _Subclassed(keras.Model):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.flat = keras.layers.Flatten()
+        self.out = keras.layers.Dense(num_classes, activation="softmax")
+
+    def call(self, x):
+        return self.out(self.flat(x))
+
+
+def test_subclassed_model_is_checked_by_calling_it():
+    model = _Subclassed(10)
+    assert not models.is_graph_model(model) and models.is_graph_model(models.build_model(
+        "mlp", (8, 8, 1), 10))
+    assert models.check_model_fits(model, (8, 8, 1), 10) is model  # no AttributeError
+    assert model.built
+    with pytest.raises(tfaccel.ModelError, match="outputs 3 classes but the dataset has 10"):
+        models.check_model_fits(_Subclassed(3), (8, 8, 1), 10)
+
+    class TakesVectors(_Subclassed):
+        def call(self, x):
+            if len(x.shape) != 2:
+                raise ValueError(f"expected vectors, got rank {len(x.shape)}")
+            return self.out(x)
+
+    with pytest.raises(tfaccel.ModelError, match=r"fails on a batch of inputs of the dataset's "
+                       r"shape \(8, 8, 1\): ValueError: expected vectors, got rank 4"):
+        models.check_model_fits(TakesVectors(10), (8, 8, 1), 10)
+
+
+def test_choices_have_one_home_without_tensorflow():
+    import subprocess
+
+    from tfaccel import choices, data, distribute, memory, precision, schedules, training
+
+    assert models.MODELS is choices.MODELS and data.DATASETS is choices.DATASETS
+    assert training.OPTIMIZERS is choices.OPTIMIZERS and schedules.SCHEDULES is choices.SCHEDULES
+    assert distribute.STRATEGIES is choices.STRATEGIES
+    assert precision.PRECISIONS is choices.PRECISIONS
+    assert memory.HOST_ALLOCATORS is choices.HOST_ALLOCATORS and tfaccel.MODELS is choices.MODELS
+    proc = subprocess.run([sys.executable, "-c", "import sys, tfaccel.choices; "
+                           "print(sorted(m for m in ('tensorflow', 'tf_keras', 'numpy') "
+                           "if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"

@@ -87,3 +87,81 @@ def test_short_run_writes_table_plot_and_tensorboard(tmp_path):
     assert "report/accuracy_vs_size" in summaries.read_image_tags(logdir)
     scalars = summaries.read_scalars(logdir)
     assert scalars["accuracy/int8"][-1][1] == pytest.approx(rows["int8"]["accuracy"], abs=1e-6)
+
+
+RESHAPE_BN_MODEL = '''
+import tf_keras as keras
+
+
+def reshape_bn(input_shape, num_classes):
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Reshape((-1,), name="flat")(inputs)
+    x = keras.layers.BatchNormalization(name="norm")(x)
+    x = keras.layers.Dense(64, activation="relu", name="hidden")(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes, activation="softmax")(x))
+'''
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_what_qat_rejects_stops_the_run_before_training(tmp_path):
+    # TF-MOT folds a BatchNorm only into a convolution or Dense before it: this one is found
+    # when the QAT model is built, which used to happen after 30 epochs of training.
+    (tmp_path / "bn_models.py").write_text(RESHAPE_BN_MODEL)
+    out = tmp_path / "run"
+    result = run_recipe("optimize", f"--model_dir={out}", "--model_fn=bn_models:reshape_bn",
+                        "--variants=pruned_qat_int8", env={"PYTHONPATH": str(tmp_path)})
+    line = _one_error_line(result)
+    assert "norm (BatchNormalization)" in line and "folded into the Conv2D" in line
+    assert "--- float" not in result.stdout
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_killed_run_leaves_no_result_and_a_rerun_starts_clean(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import RECIPES, ROOT
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "report.json").write_text("{}")  # a previous run's result, replaced only when complete
+    args = [sys.executable, os.path.join(RECIPES, "optimize.py"), f"--model_dir={out}",
+            "--epochs=2", "--variants=float,qat_int8", "--qat_epochs=1", "--latency_runs=20"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          env=env, cwd=ROOT) as proc:
+        for line in proc.stdout:
+            if line.startswith("--- qat"):  # float model and TFLite files written by now
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / ".partial" / "float" / "model.keras").exists()
+    assert sorted(os.listdir(out)) == [".partial", "report.json"]
+    assert (out / "report.json").read_text() == "{}"
+    result = run_recipe("optimize", *args[2:])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (out / ".partial").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert [row["variant"] for row in report["variants"]] == ["float", "qat_int8"]
+    assert all(os.path.exists(row["path"]) for row in report["variants"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["--model=resnet", "--model_fn=user_models:functional_resnet"])
+def test_pruned_qat_int8_keeps_sparsity_and_accuracy_on_batchnorm_models(model, tmp_path):
+    out = tmp_path / "run"
+    # The float model's 30 epochs (fewer leave its BatchNorm statistics unsettled), shorter
+    # pruning and QAT stages.
+    result = run_recipe("optimize", f"--model_dir={out}", model, "--variants=float,pruned_qat_int8",
+                        "--prune_epochs=6", "--prune_hold_epochs=2", "--qat_epochs=2",
+                        "--latency_runs=50", env={"PYTHONPATH": TESTS_DIR})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    row = {r["variant"]: r for r in report["variants"]}["pruned_qat_int8"]
+    assert row["pruned_sparsity"] >= 0.75
+    assert report["float_keras_accuracy"] > 0.9
+    assert row["accuracy_change_points"] >= -1.5
+    assert report["pruned_layers"] and "stem_conv" not in report["pruned_layers"]

@@ -5,13 +5,13 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import mirrored_strategy
 
 from tfaccel import prune, sparsity, summaries
 from tfaccel.errors import ConfigError, UnsupportedLayerError
 from tfaccel.keras import keras
 from tfaccel.models import build_model, load_model_file
 from tfaccel.training import compile_classifier, make_optimizer
-from conftest import mirrored_strategy
 
 BATCH, STEPS = 32, 5
 
@@ -203,16 +203,85 @@ def test_two_four_pattern_holds_in_the_saved_weights(tmp_path):
     assert sparsity.sparsity_report(saved, ["conv_1", "dense"])["pruned"]["sparsity"] >= 0.5
 
 
-def test_block_sparsity_zeroes_whole_blocks_of_dense_kernels():
+def test_block_sparsity_zeroes_whole_blocks_of_dense_kernels_and_convs_element_wise():
     config = prune.PruneConfig(block_size=(1, 4), min_weights=100)
     plan = prune.plan_pruning(small_cnn(), config)
-    assert plan.pruned == ("dense", "logits")
-    assert "block sparsity needs a 2-D kernel" in plan.skipped["conv_1"]
+    assert plan.pruned == ("conv_1", "dense", "logits")
+    assert plan.element_wise == ("conv_1",)
     pruned, _ = fit_pruned(small_cnn(), 0.5, 1, config)
-    kernel = prune.strip_pruning(pruned).get_layer("dense").kernel.numpy()
+    stripped = prune.strip_pruning(pruned)
+    kernel = stripped.get_layer("dense").kernel.numpy()
     blocks = (kernel.reshape(kernel.shape[0], -1, 4) == 0).sum(-1)
     assert set(np.unique(blocks)) == {0, 4}  # a block is all zeros or has none
     assert (blocks == 4).mean() == pytest.approx(0.5, abs=0.01)
+    conv = stripped.get_layer("conv_1").kernel.numpy()
+    assert np.mean(conv == 0) == pytest.approx(0.5, abs=0.01)
+    blocks = (conv.reshape(-1, 4) == 0).sum(-1)
+    assert len(set(np.unique(blocks))) > 2  # element-wise: blocks of 4 partly zero too
+
+
+@pytest.mark.parametrize("name", ["resnet", "mobilenet_v2"])
+def test_default_block_size_prunes_models_without_a_big_dense_layer(name):
+    model = build_model(name, (8, 8, 1), 10)
+    plan = prune.plan_pruning(model, prune.PruneConfig(block_size=(16, 1)))
+    convs = [n for n in plan.pruned if len(model.get_layer(n).kernel.shape) == 4]
+    assert convs and set(convs) <= set(plan.element_wise)
+    assert not any("block" in reason for reason in plan.skipped.values())
+
+
+def _odd_model():
+    """Every kernel too small for the defaults, and none with input channels divisible by 4."""
+    inputs = keras.Input((7, 7, 1))
+    x = keras.layers.Conv2D(3, 3, name="conv_0")(inputs)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inputs, keras.layers.Dense(10, name="logits")(x), name="odd")
+
+
+@pytest.mark.parametrize("config,fix,not_fix", [
+    (prune.PruneConfig(m_by_n=(2, 4), keep_first_conv=False, min_weights=0),
+     "drop m_by_n or pick one whose n divides the input channels", "min_weights"),
+    (prune.PruneConfig(), "set keep_first_conv=False, or lower min_weights (now 2048)", "m_by_n"),
+    (prune.PruneConfig(keep_first_conv=False, exclude=("logits",)),
+     "remove layers from exclude, or lower min_weights (now 2048)", "m_by_n"),
+])
+def test_nothing_to_prune_names_the_fix_that_matches(config, fix, not_fix):
+    with pytest.raises(ConfigError) as info:
+        prune.plan_pruning(_odd_model(), config)
+    message = str(info.value)
+    assert message.startswith("nothing to prune in 'odd': conv_0: ")
+    assert message.endswith(fix) and not_fix not in message.split(": ")[-1]
+
+
+def test_report_of_a_stripped_model_marks_only_the_pruned_layers(tmp_path):
+    plan = prune.plan_pruning(small_cnn())
+    assert plan.pruned == ("dense",)
+    pruned, _ = fit_pruned(small_cnn(), 0.75, 1, prune.PruneConfig())
+    stripped = prune.strip_pruning(pruned)
+    path = str(tmp_path / "stripped.h5")
+    sparsity.save_without_optimizer(stripped, path)
+    for model in (stripped, load_model_file(path)):
+        report = sparsity.sparsity_report(model)
+        assert {r["layer"] for r in report["layers"] if r["pruned"]} == {"dense"}
+        assert {r["layer"]: r["zeros"] for r in report["layers"]}["conv_0"] == 0
+        assert report["pruned"] == sparsity.sparsity_report(model, plan.pruned)["pruned"]
+        assert report["pruned"]["sparsity"] == pytest.approx(0.75, abs=1e-3)
+        assert report["all_kernels"]["sparsity"] < report["pruned"]["sparsity"]
+
+
+def test_nested_models_are_pruned_inside_and_stripped_back():
+    from user_models import functional_resnet
+
+    model = functional_resnet((8, 8, 1), 10)
+    plan = prune.plan_pruning(model)
+    assert {"res1_a_conv", "res2_a_conv", "res2_b_conv"} <= set(plan.pruned)
+    pruned, _ = fit_pruned(model, 0.75, 1, prune.PruneConfig())
+    inner = pruned.get_layer("res2")
+    assert any(hasattr(layer, "pruning_vars") for layer in inner.layers)
+    stripped = prune.strip_pruning(pruned)
+    assert isinstance(stripped.get_layer("res2"), keras.Model)
+    report = sparsity.sparsity_report(stripped)
+    assert {r["layer"] for r in report["layers"] if r["pruned"]} == set(plan.pruned)
+    assert report["pruned"]["sparsity"] == pytest.approx(0.75, abs=1e-3)
 
 
 def test_resume_after_interruption_keeps_the_pruning_step(tmp_path):

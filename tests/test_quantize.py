@@ -5,10 +5,10 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import mirrored_strategy
 
 from tfaccel import data, errors, models, quantize, tflite, training
 from tfaccel.keras import keras
-from conftest import mirrored_strategy
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +183,107 @@ def test_batchnorm_is_folded_into_the_convolutions(tmp_path):
     weights = [d for d in interpreter.get_tensor_details()
                if len(d["shape"]) == 4 and "Conv2D" in d["name"]]
     assert weights and all(d["dtype"] == np.int8 for d in weights)
+
+
+# ---------------------------------------------------------------- prune -> strip -> QAT (#11)
+
+
+def _pruned_and_stripped(model):
+    from tfaccel import prune
+
+    pruned, _ = prune.prune_to_sparsity(model, 0.8, 2, 5)
+    for layer in pruned.layers:  # masks as after fine-tuning, without the training time
+        for weight, mask, _ in getattr(layer, "pruning_vars", ()):
+            values = weight.numpy()
+            keep = np.abs(values) >= np.quantile(np.abs(values), 0.8)
+            mask.assign(keep.astype(mask.dtype.as_numpy_dtype))
+    return prune.strip_pruning(pruned)
+
+
+@pytest.mark.parametrize("name", ["resnet", "functional_resnet",
+                                  pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
+def test_prune_strip_then_prune_preserving_qat_on_batchnorm_models(name):
+    # TF-MOT's strip_pruning returns the pruned model's own layer objects, so each BatchNorm
+    # is also called after a pruning wrapper in the pruned model: only the stripped model's
+    # own calls may decide whether it folds into the convolution before it.
+    from user_models import functional_resnet
+
+    model = (functional_resnet((8, 8, 1), 10) if name == "functional_resnet"
+             else models.build_model(name, (8, 8, 1), 10))
+    stripped = _pruned_and_stripped(model)
+    assert any(type(layer).__name__ == "BatchNormalization" for layer in
+               quantize.flatten_model(stripped).layers)
+    assert quantize.unsupported_layers(quantize.flatten_model(stripped)) == []
+    qat = quantize.quantize_aware(stripped, scheme="prune_preserve")
+    assert not quantize.is_nested(qat)
+    kernels = {layer.layer.name: w.numpy() for layer in qat.layers if hasattr(layer, "layer")
+               for w in layer.weights if w.name.endswith("kernel:0")}
+    pruned = [k for k in kernels.values() if np.mean(k == 0) > 0.01]  # a random init has ~0
+    assert pruned and all(np.mean(k == 0) >= 0.79 for k in pruned)
+
+
+def test_batchnorm_folds_only_after_a_convolution_or_dense():
+    inputs = keras.Input((8, 8, 1))
+    conv = keras.layers.Conv2D(4, 3, name="conv")(inputs)
+    folded = keras.layers.BatchNormalization(name="folded")(conv)
+    loose = keras.layers.BatchNormalization(name="loose")(keras.layers.ReLU(name="relu")(folded))
+    flat = keras.layers.Reshape((144,), name="flat")(loose)
+    after_reshape = keras.layers.BatchNormalization(name="after_reshape")(flat)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(after_reshape)
+    model = keras.Model(inputs, outputs)
+    assert quantize.unsupported_layers(model) == [("loose", "BatchNormalization"),
+                                                  ("after_reshape", "BatchNormalization")]
+    with pytest.raises(errors.UnsupportedLayerError, match="folded into the Conv2D"):
+        quantize.check_quantizable(model)
+
+
+def test_a_layer_used_in_two_models_is_judged_in_each():
+    conv = keras.layers.Conv2D(4, 3, name="conv")
+    norm = keras.layers.BatchNormalization(name="norm")
+    a_in = keras.Input((8, 8, 1))
+    after_conv = keras.Model(a_in, norm(conv(a_in)))
+    b_in = keras.Input((6, 6, 4))
+    alone = keras.Model(b_in, norm(b_in))
+    assert quantize.unsupported_layers(after_conv) == []
+    assert quantize.unsupported_layers(alone) == [("norm", "BatchNormalization")]
+
+
+def test_resizing_keeps_its_input_scale_in_qat(tmp_path):
+    # The zoo's mobilenet_v2 upsamples 8x8 digits with a Resizing layer, which TF-MOT's
+    # registry lacks.
+    assert quantize.unsupported_layers(models.build_model("mobilenet_v2", (8, 8, 1), 10)) == []
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Resizing(16, 16, name="upsample")(inputs)
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
+    qat = quantize.quantize_aware(keras.Model(inputs, outputs))
+    assert qat.get_layer("quant_upsample").quantize_config.get_output_quantizers(None) == []
+    x = np.random.default_rng(0).random((64, 8, 8, 1), dtype=np.float32)
+    for _ in range(3):
+        qat(x, training=True)
+    path = tflite.convert_to_tflite(qat, str(tmp_path / "resize.tflite"), mode="int8")
+    ops = [op["op_name"] for op in tflite.make_interpreter(path)._get_ops_details()]
+    assert "RESIZE_BILINEAR" in ops and "DEQUANTIZE" not in ops
+    agreement = tflite.prediction_agreement(tflite.predict_tflite(path, x),
+                                            qat.predict(x, verbose=0))
+    assert agreement >= 0.9
+
+
+def test_check_quantize_aware_sees_what_pruning_and_qat_will_build():
+    from tfaccel import prune
+
+    model = models.build_model("resnet", (8, 8, 1), 10, widths=(8, 16), blocks_per_stage=1)
+    before = [w.copy() for w in model.get_weights()]
+    quantize.check_quantize_aware(model, "prune_preserve", prune_configs=[
+        prune.PruneConfig(block_size=(16, 1), min_weights=100),
+        prune.PruneConfig(schedule="constant", begin_epoch=3, min_weights=100)])
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Reshape((64,), name="flat")(inputs)
+    x = keras.layers.BatchNormalization(name="norm")(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
+    with pytest.raises(errors.UnsupportedLayerError, match="norm"):
+        quantize.check_quantize_aware(keras.Model(inputs, outputs), "prune_preserve",
+                                      prune_configs=[prune.PruneConfig(min_weights=10)])

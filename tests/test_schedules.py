@@ -158,8 +158,20 @@ def test_train_recipe_logs_the_scheduled_rate_to_tensorboard(recipe, tmp_path):
                     "--decay_rate=0.5", "--warmup_epochs=1", "--learning_rate=0.002",
                     f"--model_dir={out}")
     assert result.returncode == 0, result.stderr[-2000:]
-    logged = dict(read_scalars(out / "logs" / "train")["learning_rate"])
+    train = read_scalars(out / "logs" / "train")
+    logged = dict(train["learning_rate"])
+    # One learning-rate curve in the whole run, one event per step (no Keras epoch_lr or
+    # epoch_learning_rate beside it, one step off).
+    for run in ("train", "validation"):
+        tags = read_scalars(out / "logs" / run)
+        assert not [t for t in tags if ("lr" in t or "learning_rate" in t)
+                    and t != "learning_rate"], tags
+    steps = [step for step, _ in train["learning_rate"]]
+    assert steps == sorted(set(steps))
     steps_per_epoch = 10  # ceil(1257 / 128)
+    assert {10, 20, 30} <= set(steps)  # each epoch end, at its optimizer step
+    inspect = [line for line in result.stdout.splitlines() if line.startswith("inspect:")]
+    assert inspect == [f"inspect: tensorboard --logdir {out / 'logs'} --host localhost"]
     expected = schedules.make_schedule("step", 0.002, steps_per_epoch=steps_per_epoch, epochs=3,
                                        warmup_epochs=1, decay_epochs=1, decay_rate=0.5)
     assert max(logged) == 3 * steps_per_epoch and len(logged) >= 3

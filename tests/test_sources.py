@@ -10,6 +10,7 @@ from tfaccel.data import (
     check_image_file,
     load_dataset,
     load_image_dir,
+    load_npz,
     load_tfrecord,
     parse_feature_spec,
     write_image_tfrecords,
@@ -193,3 +194,48 @@ def test_train_recipe_rejects_a_tfrecord_spec_that_does_not_match(recipe, record
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: TFRecord ") and "does not match the file" in last
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_npz_mistakes_are_named(tmp_path):
+    strings = tmp_path / "strings.npz"
+    np.savez(strings, x=np.zeros((20, 4, 4), np.uint8), y=np.array(["cat", "dog"] * 10))
+    with pytest.raises(DataError, match=r"y holds <U3 labels such as 'cat', not class ids "
+                       r"0\.\.N-1: map them to integers"):
+        load_npz(str(strings))
+    negative = tmp_path / "negative.npz"
+    np.savez(negative, x=np.zeros((20, 4, 4), np.uint8), y=np.array([-1, 1] * 10))
+    with pytest.raises(DataError, match="labels such as -1"):
+        load_npz(str(negative))
+    floats = tmp_path / "floats.npz"
+    np.savez(floats, x=np.zeros((20, 4, 4), np.uint8), y=np.array([0.0, 1.0] * 10))
+    assert load_npz(str(floats)).info.num_classes == 2  # whole-number floats are class ids
+    text_x = tmp_path / "text_x.npz"
+    np.savez(text_x, x=np.array([["a"]] * 20), y=np.array([0, 1] * 10))
+    with pytest.raises(DataError, match="x holds <U1 values, not numbers"):
+        load_npz(str(text_x))
+    with pytest.raises(DataError, match="dataset 'npz' needs a file: pass --data_dir="):
+        load_dataset("npz", None)
+    with pytest.raises(DataError, match="is a folder, not a file"):
+        load_npz(str(tmp_path))
+    with pytest.raises(DataError, match=r"is a file, not a folder: .*read by --dataset=npz"):
+        load_image_dir(str(strings))
+
+
+def test_bad_image_error_says_hidden_files_are_ignored(tmp_path):
+    root = image_folder(tmp_path / "imgs", bad=False)
+    (tmp_path / "imgs" / "cats" / ".DS_Store").write_text("hidden, ignored")
+    assert sum(load_image_dir(root, image_size=(8, 8)).info.num_examples.values()) == 12
+    (tmp_path / "imgs" / "cats" / "notes.txt").write_text("not hidden")
+    with pytest.raises(DataError, match=r"notes\.txt: not an image .*names starting with '\.' are "
+                       "ignored.*--on_bad_example=skip"):
+        load_image_dir(root, image_size=(8, 8))
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, True])
+def test_batch_dataset_rejects_a_bad_batch_size(batch_size):
+    from tfaccel import ConfigError, batch_dataset
+
+    with pytest.raises(ConfigError, match=f"batch_size={batch_size!r} must be a positive integer"):
+        batch_dataset(tf.data.Dataset.range(4), batch_size, training=True)
+    assert [b.tolist() for b in batch_dataset(tf.data.Dataset.range(4), 3, training=False)
+            .as_numpy_iterator()] == [[0, 1, 2], [3]]

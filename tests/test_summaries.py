@@ -1,5 +1,7 @@
 """tfaccel.summaries: what is written can be read back with TensorBoard's own reader."""
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -36,12 +38,37 @@ def test_callbacks_log_throughput_and_learning_rate(tmp_path):
     y = np.zeros((40,), np.int64)
     throughput = summaries.ThroughputLogger(tmp_path, global_batch_size=8)
     lr = summaries.LearningRateLogger(tmp_path, every_n_steps=2)
-    model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[throughput, lr])
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                        callbacks=[throughput, lr, summaries.TensorBoard(tmp_path / "tb")])
     scalars = summaries.read_scalars(str(tmp_path))
     assert [s for s, _ in scalars["epoch_examples_per_sec"]] == [0, 1]
     assert all(v > 0 for _, v in scalars["epoch_examples_per_sec"])
+    # One event per step: epoch ends (steps 5, 10) that fall on a period are not logged twice.
+    assert [step for step, _ in scalars["learning_rate"]] == [2, 4, 5, 6, 8, 10]
     logged = dict(scalars["learning_rate"])
-    assert sorted(logged) == [2, 4, 5, 6, 8, 10]
+    # The one learning-rate curve: Keras's TensorBoard adds none, and none goes to Keras's logs.
+    keras_scalars = summaries.read_scalars(str(tmp_path / "tb" / "train"))
+    assert "epoch_loss" in keras_scalars
+    assert not [t for t in keras_scalars if "lr" in t or "learning_rate" in t], keras_scalars
+    assert "lr" not in history.history and "learning_rate" not in history.history
     # Logged at step s: the rate the s-th update used, i.e. the schedule at s - 1.
     for step, value in logged.items():
         assert value == pytest.approx(0.1 * 0.5 ** (step - 1))
+
+
+def test_tensorboard_command_serves_localhost_only():
+    command = summaries.tensorboard_command("runs/my run/logs")
+    assert command == "tensorboard --logdir 'runs/my run/logs' --host localhost"
+    assert "bind_all" not in command
+
+
+def test_nothing_in_the_tree_serves_tensorboard_to_the_network():
+    root = pathlib.Path(__file__).resolve().parents[1]
+    files = [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("recipes/**/*.py"),
+             *root.glob("recipes/presets/*.cfg"), *root.glob("tfaccel/**/*.py"),
+             *root.glob("benchmarks/**/*.py")]
+    exposed = [f"{path.relative_to(root)}:{number}: {line.strip()}"
+               for path in files if path.is_file()
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if any(flag in line for flag in ("--bind_all", "--host 0.0.0.0", "--host=0.0.0.0"))]
+    assert exposed == []

@@ -138,3 +138,27 @@ def test_other_modes(trained, files, tmp_path, mode):
     assert ratio < {"dynamic": 0.3, "float16": 0.55, "int16x8": 0.35}[mode]
     result = tflite.evaluate_tflite(path, (x, y), progress=False)
     assert tflite.prediction_agreement(result["predictions"], keras_pred) >= 0.98
+
+
+def test_weight_sparsity_of_named_layers_reads_their_int8_weights(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", name="conv")(inputs)
+    x = keras.layers.Flatten(name="flat")(x)
+    x = keras.layers.Dense(32, activation="relu", name="hidden")(x)
+    outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
+    model = keras.Model(inputs, outputs)
+    kernel = model.get_layer("hidden").kernel
+    values = kernel.numpy()
+    values[np.abs(values) < np.quantile(np.abs(values), 0.8)] = 0.0
+    kernel.assign(values)
+    x = np.random.default_rng(0).random((64, 8, 8, 1), dtype=np.float32)
+    path = tflite.convert_to_tflite(model, str(tmp_path / "m.tflite"), mode="int8",
+                                    representative_data=x, num_calibration_samples=64)
+    result = tflite.weight_sparsity(path, layer_names=["hidden", "conv"])
+    assert set(result["layers"]) == {"hidden", "conv"}
+    assert result["layers"]["hidden"] == pytest.approx(0.8, abs=0.002)
+    assert result["layers"]["conv"] < 0.05  # 72 int8 weights: a few may round to zero
+    assert result["weights"] == 512 * 32 + 72
+    with pytest.raises(errors.ModelError, match="no weights of layers nope"):
+        tflite.weight_sparsity(path, layer_names=["hidden", "nope"])

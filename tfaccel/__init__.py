@@ -22,6 +22,7 @@ from tfaccel.errors import (
     DataError,
     ModelError,
     TfaccelError,
+    TrainingError,
     UnsupportedLayerError,
     WrongKerasError,
 )
@@ -38,19 +39,22 @@ _EXPORTS = {
         "write_image_tfrecords",
     ],
     "tfaccel.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
-    "tfaccel.training": ["make_optimizer", "compile_classifier", "evaluate", "export_model"],
+    "tfaccel.training": ["make_optimizer", "compile_classifier", "evaluate", "export_model",
+                         "StopOnNonFiniteLoss", "read_finished_run"],
     "tfaccel.summaries": ["read_scalars", "read_text", "read_image_tags", "ThroughputLogger",
-                          "LearningRateLogger"],
+                          "LearningRateLogger", "TensorBoard", "tensorboard_command"],
     "tfaccel.distribute": ["STRATEGIES", "make_strategy", "split_cpu", "per_replica_batch_size",
                            "with_shard_policy", "worker_output_dir"],
-    "tfaccel.resume": ["backup_callbacks", "ResumeReporter"],
+    "tfaccel.resume": ["backup_callbacks", "ResumeReporter", "EpochCounter", "read_backup",
+                       "remove_backup"],
     "tfaccel.precision": ["PRECISIONS", "set_precision", "precision_scope", "apply_precision",
                           "wrap_optimizer", "scaled_gradients", "precision_advice", "auto_select",
                           "choose_fastest", "layer_dtypes"],
     "tfaccel.accumulate": ["enable_gradient_accumulation"],
     "tfaccel.batch_size": ["find_batch_size", "search_batch_size"],
     "tfaccel.memory": ["configure_gpu_memory", "use_pooled_host_allocator",
-                       "pooled_host_allocator_active", "free_memory", "PeakMemoryLogger"],
+                       "pooled_host_allocator_active", "host_allocator", "free_memory",
+                       "PeakMemoryLogger"],
     "tfaccel.monitor": ["HardwareMonitor", "time_training"],
     "tfaccel.schedules": ["SCHEDULES", "make_schedule", "scale_learning_rate", "ConstantSchedule",
                           "StepSchedule", "PiecewiseSchedule", "ExponentialSchedule",
@@ -60,16 +64,17 @@ _EXPORTS = {
     "tfaccel.prune": ["PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity",
                       "strip_pruning", "make_pruning_schedule", "load_pruned_model"],
     "tfaccel.sparsity": ["sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger"],
-    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "flatten_model", "unsupported_layers"],
+    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "check_quantize_aware", "flatten_model",
+                         "unsupported_layers"],
     "tfaccel.tflite": ["convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
                        "tflite_sizes", "prediction_agreement", "weight_sparsity"],
     "tfaccel.report": ["write_report", "comparison_rows"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors"}
+_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors", "choices", "quiet"}
 
 __all__ = sorted(
-    [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "UnsupportedLayerError",
+    [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "TrainingError", "UnsupportedLayerError",
      "WrongKerasError"])
 
 

@@ -29,11 +29,9 @@ import tempfile
 
 import tensorflow as tf
 
+from tfaccel.choices import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES
 from tfaccel.errors import ConfigError
 
-STRATEGIES = ("auto", "default", "one_device", "mirrored", "multi_worker", "parameter_server", "tpu")
-CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one")
-COLLECTIVES = ("auto", "ring", "nccl")
 LAUNCHER_HINT = ("run it under `tfaccel launch --workers N -- <command>` on one machine, or set "
                  "TF_CONFIG (or run under Slurm) on a cluster")
 

@@ -28,3 +28,7 @@ class WrongKerasError(ModelError, TypeError):
 
 class UnsupportedLayerError(ModelError):
     """A model holds layers that an optimization cannot handle."""
+
+
+class TrainingError(TfaccelError, ArithmeticError):
+    """Training was stopped because going on would only waste time (e.g. the loss became NaN)."""

@@ -61,6 +61,53 @@ def atomic_path(final_path):
         _remove(tmp)
 
 
+def check_writable_dir(path, what="output folder"):
+    """Raises ConfigError unless `path` is, or can be made, a folder this process can write.
+
+    Nothing is left behind: a missing `path` is not created; its nearest existing parent
+    is tried instead. The test is a real file created and removed, not the mode bits,
+    because root ignores those while a read-only mount or an immutable folder still
+    refuses root.
+
+    Args:
+      path: the folder a run will write to.
+      what: how the message names it, e.g. '--model_dir'.
+
+    Returns:
+      `path`.
+    """
+    from tfaccel.errors import ConfigError
+
+    where = os.path.abspath(os.fspath(path))
+    if os.path.lexists(where) and not os.path.isdir(where):
+        raise ConfigError(f"{what}={path} is a file, not a folder: give a folder path (it is "
+                          "created if missing)")
+    probe = where
+    while not os.path.isdir(probe):
+        parent = os.path.dirname(probe)
+        if os.path.lexists(probe):  # a file where a parent folder should be
+            raise ConfigError(f"{what}={path}: {probe} is a file, not a folder: give a path "
+                              "whose parents are folders")
+        probe = parent
+    if why := cannot_write(probe):
+        inside = "" if probe == where else " (its first existing parent)"
+        raise ConfigError(f"{what}={path}: cannot write to {probe}{inside} ({why}): give a "
+                          "folder you can write to")
+    return path
+
+
+def cannot_write(folder):
+    """Why a file cannot be created in the existing `folder` (e.g. 'Read-only file system'),
+    or None when it can. Tries for real, leaving nothing behind."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".tfaccel-write-test-", dir=folder)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    os.close(fd)
+    os.remove(name)
+    return None
+
+
 def write_text(path, text):
     """Writes `text` to `path` atomically."""
     with atomic_path(path) as tmp:

@@ -10,6 +10,9 @@ without GPUs they do nothing and say so in a warning.
 `use_pooled_host_allocator` serves host (CPU) tensors from TensorFlow's pooled
 BFC allocator instead of malloc, which lets parallel input pipelines scale; like
 the GPU settings it must come before TensorFlow allocates anything.
+`host_allocator` says which allocator is in use: the pool, oneDNN's (the
+default on CPUs with AVX512_VNNI, AVX512_BF16 or AMX) or malloc (the default
+elsewhere).
 
 `PeakMemoryLogger` logs the peak memory of each epoch to TensorBoard: GPU
 peaks from TensorFlow's memory info, else the process's peak resident memory.
@@ -30,12 +33,11 @@ import re
 import tensorflow as tf
 from absl import logging
 
+from tfaccel.choices import ALLOCATORS, HOST_ALLOCATORS  # noqa: F401 (re-exported)
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.summaries import EpochScalarLogger
 
-ALLOCATORS = ("default", "cuda_malloc_async")
-HOST_ALLOCATORS = ("pooled", "malloc")
 _MB = 1024 * 1024
 
 
@@ -96,7 +98,8 @@ def configure_gpu_memory(growth=False, limit_mb=None, allocator="default", gpus=
 def use_pooled_host_allocator(limit_mb=None):
     """Serves TensorFlow's host (CPU) tensors from its pooled BFC allocator, not malloc.
 
-    Why: with malloc (TensorFlow's CPU default), glibc hands out tensor-sized
+    Why: with malloc (TensorFlow's CPU default on CPUs without AVX512_VNNI,
+    AVX512_BF16 or AMX; see `host_allocator`), glibc hands out tensor-sized
     buffers (over 128 KB: a 160x160 float image is 300 KB) with mmap and returns
     them with munmap. Every new buffer is page-faulted in and zeroed by the kernel,
     and munmap takes the process's memory-map lock, so parallel input stages stall
@@ -108,8 +111,9 @@ def use_pooled_host_allocator(limit_mb=None):
 
     It must run before TensorFlow allocates its first tensor; after
     ``import tensorflow`` is fine. It sets ``TF_CPU_ALLOCATOR_USE_BFC``, which
-    TensorFlow reads once, when it creates its CPU allocator. Check the result
-    with `pooled_host_allocator_active` once devices are configured.
+    TensorFlow reads once, when it creates its CPU allocator, and which wins
+    over oneDNN's allocator. Check the result with `pooled_host_allocator_active`
+    once devices are configured.
 
     Example:
 
@@ -132,17 +136,65 @@ def use_pooled_host_allocator(limit_mb=None):
         os.environ["TF_CPU_BFC_MEM_LIMIT_IN_MB"] = str(int(limit_mb))
 
 
-def pooled_host_allocator_active():
-    """True when host tensors come from the pooled allocator (its statistics exist).
+HOST_ALLOCATOR_KINDS = {"bfc_cpu_allocator_for_gpu": "pooled", "mklcpu": "onednn", "cpu": "malloc"}
+"""TensorFlow's names of its host allocators (TF 2.21), and what `host_allocator` calls them."""
 
-    This initializes TensorFlow's devices: call it after splitting CPUs and setting
-    GPU memory options.
+
+def host_allocator():
+    """Which allocator serves TensorFlow's host (CPU) tensors in this process.
+
+    TensorFlow picks it once, when it creates its CPU device:
+    ``TF_CPU_ALLOCATOR_USE_BFC=true`` gives its pooled BFC allocator
+    ('pooled', what `use_pooled_host_allocator` asks for); otherwise an x86
+    Linux build runs with oneDNN, which TensorFlow turns on by default on CPUs
+    with AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX (``TF_ENABLE_ONEDNN_OPTS``
+    overrides it), and then registers oneDNN's allocator ('onednn': a BFC pool
+    for all but tiny buffers, plus malloc for those); on other CPUs, and with
+    ``TF_ENABLE_ONEDNN_OPTS=0``, host tensors come from plain aligned malloc
+    ('malloc'). Both pools keep statistics
+    (`tf.config.experimental.get_memory_info`), so statistics cannot tell the
+    pool from oneDNN's allocator; the allocator's name can. TensorFlow records
+    it in a traced step's memory statistics, read here from a one-op graph on
+    CPU:0 (the CPU allocator is one per process, shared by graphs and eager code).
+
+    This initializes TensorFlow's devices: call it after splitting CPUs and
+    setting GPU memory options.
+
+    Example:
+
+        memory.use_pooled_host_allocator()
+        print(memory.host_allocator())  # 'pooled'; without the first line 'onednn' or 'malloc'
+
+    Returns:
+      'pooled', 'onednn' or 'malloc' (see `HOST_ALLOCATOR_KINDS`), TensorFlow's
+      own name for an allocator not listed there, or None if it recorded none.
     """
-    try:
-        tf.config.experimental.get_memory_info("CPU:0")
-    except ValueError:  # "Allocator stats not available": the malloc-based allocator
-        return False
-    return True
+    tf.config.list_logical_devices("CPU")  # the devices, and their allocator, as eager code has
+    graph = tf.Graph()
+    with graph.as_default(), tf.device("/device:CPU:0"):
+        fed = tf.compat.v1.placeholder(tf.float32, (4,))
+        doubled = tf.concat([fed, fed], 0)  # a fresh output buffer, never folded or forwarded
+    run_metadata = tf.compat.v1.RunMetadata()
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    with tf.compat.v1.Session(graph=graph) as session:
+        session.run(doubled, {fed: [0.0] * 4}, options=options, run_metadata=run_metadata)
+    names = [memory.allocator_name for device in run_metadata.step_stats.dev_stats
+             if device.device.endswith("CPU:0") for node in device.node_stats
+             for memory in node.memory]
+    if not names:
+        return None
+    return HOST_ALLOCATOR_KINDS.get(names[0], names[0])
+
+
+def pooled_host_allocator_active():
+    """True when host tensors come from the pooled BFC allocator `use_pooled_host_allocator` sets.
+
+    Reads the allocator's name (`host_allocator`): the presence of allocator
+    statistics is no evidence, since oneDNN's default allocator keeps them too.
+    This initializes TensorFlow's devices: call it after splitting CPUs and
+    setting GPU memory options.
+    """
+    return host_allocator() == "pooled"
 
 
 def free_memory():

@@ -13,12 +13,14 @@ Example:
 """
 
 import importlib
+import inspect
 import os
+import traceback
 
+from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError
 from tfaccel.keras import ensure_tf_keras, keras
 
-MODELS = ("mlp", "cnn", "resnet", "mobilenet_v2")
 MODEL_FILE_HINT = "a .keras/.h5 file or a SavedModel directory"
 
 
@@ -74,21 +76,33 @@ def resnet(input_shape, num_classes, widths=(16, 32, 64), blocks_per_stage=2):
                 shortcut = keras.layers.Conv2D(width, 1, strides=stride, use_bias=False,
                                                name=f"{name}_proj")(shortcut)
                 shortcut = keras.layers.BatchNormalization(name=f"{name}_proj_bn")(shortcut)
-            x = keras.layers.ReLU(name=f"{name}_out")(keras.layers.Add(name=f"{name}_add")([y, shortcut]))
+            x = keras.layers.ReLU(name=f"{name}_out")(
+                keras.layers.Add(name=f"{name}_add")([y, shortcut]))
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     return keras.Model(inputs, _head(x, num_classes), name="resnet")
 
 
-def mobilenet_v2(input_shape, num_classes, alpha=0.35):
-    """Keras's MobileNetV2 (random init, `weights=None`), upsampled to 32x32 if smaller."""
+def mobilenet_v2(input_shape, num_classes, alpha=0.35, bn_momentum=0.9):
+    """Keras's MobileNetV2 (random init, `weights=None`), upsampled to 32x32 if smaller.
+
+    BatchNorm momentum is `bn_momentum` (Keras: 0.999), so that the moving statistics
+    settle within the short runs small datasets get.
+    """
     inputs = keras.Input(input_shape, name="image")
     x = inputs
     if len(input_shape) != 3:
-        raise ModelError(f"mobilenet_v2 needs image inputs (height, width, channels), got {input_shape}")
+        raise ModelError(f"mobilenet_v2 needs image inputs (height, width, channels), got "
+                         f"{input_shape}")
     if min(input_shape[:2]) < 32:
-        x = keras.layers.Resizing(max(32, input_shape[0]), max(32, input_shape[1]), name="upsample")(x)
+        x = keras.layers.Resizing(max(32, input_shape[0]), max(32, input_shape[1]),
+                                  name="upsample")(x)
     base = keras.applications.MobileNetV2(input_tensor=x, include_top=False, weights=None,
                                           alpha=alpha, pooling="avg")
+    # Keras's momentum 0.999 suits ImageNet's long runs; after a few hundred steps (digits: 30
+    # epochs of 23) the moving statistics are still far off and inference scores chance.
+    for layer in base.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = bn_momentum
     return keras.Model(inputs, _head(base.output, num_classes), name="mobilenet_v2")
 
 
@@ -159,21 +173,81 @@ def model_from_fn(spec, input_shape, num_classes):
         raise ModelError(f"--model_fn={spec!r} must look like package.module:function")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:
-        raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r} "
-                         f"({type(e).__name__}: {e}); check the module is on PYTHONPATH") from None
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):  # the module itself is not on the path
+            raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r} (no module "
+                             f"named {e.name!r}): put the folder holding it on PYTHONPATH, e.g. "
+                             "PYTHONPATH=/path/to/folder (the current folder is not searched)"
+                             ) from None
+        raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r}: importing it "
+                         f"raised {_first_line(e)}: install what it needs") from None
+    except Exception as e:  # the user's module failed while importing
+        raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r}: importing it "
+                         f"raised {_first_line(e)}{_where_in_module(e, module_name)}: fix that "
+                         "module") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"--model_fn={spec!r}: module {module_name!r} has no function {attr!r}")
-    model = fn(input_shape=tuple(input_shape), num_classes=int(num_classes))
+    kwargs = {"input_shape": tuple(input_shape), "num_classes": int(num_classes)}
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as e:
+        raise ModelError(f"--model_fn={spec!r}: your function cannot be called as "
+                         f"{attr}(input_shape=..., num_classes=...) ({e}): define it as "
+                         f"def {attr}(input_shape, num_classes)") from None
+    except ValueError:  # no signature to inspect (a builtin): let the call decide
+        pass
+    try:
+        model = fn(**kwargs)
+    except Exception as e:  # the user's code: any exception, reported as theirs
+        raise ModelError(f"--model_fn={spec!r}: your function {attr}(input_shape="
+                         f"{kwargs['input_shape']}, num_classes={num_classes}) raised "
+                         f"{_first_line(e)}{_where(e, fn)}: fix that function (the error is "
+                         "in your code, not in tfaccel)") from None
     if not hasattr(model, "fit"):
         raise ModelError(f"--model_fn={spec!r} returned {type(model).__name__}, not a Keras model")
     return ensure_tf_keras(model, "model returned by --model_fn")
 
 
+def _first_line(error):
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if first.startswith("Exception encountered when calling layer") and len(lines) > 1:
+        first = lines[1]  # Keras's wrapper line; the cause follows it
+    if len(first) > 200:
+        first = first[:200] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _where(error, fn):
+    """' (file.py:12)', the last frame of the user's module in `error`'s traceback."""
+    source = inspect.getsourcefile(fn) if inspect.isfunction(fn) else None
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+    return f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
+def _where_in_module(error, module_name):
+    """' (file.py:12)' of the last frame in a file named like `module_name`'s last part."""
+    leaf = module_name.rpartition(".")[2]
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if os.path.splitext(os.path.basename(f.filename))[0] in (leaf, "__init__")]
+    return f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+
+
+def is_graph_model(model):
+    """True for a functional or Sequential model (a graph of layers), False for a subclass."""
+    return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
+
+
 def check_model_fits(model, input_shape, num_classes):
-    """Raises ModelError when `model`'s input or output does not fit the dataset."""
+    """Raises ModelError when `model`'s input or output does not fit the dataset.
+
+    A subclassed model has no input shape until called, so it is called once on a batch of
+    zeros of the dataset's shape: a model that cannot take them fails here, in one line.
+    """
     ensure_tf_keras(model)
+    if not is_graph_model(model):
+        return _check_subclassed_fits(model, input_shape, num_classes)
     got_in = tuple(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
     if got_in is not None and any(a is not None and a != b for a, b in zip(got_in, input_shape)) \
             or (got_in is not None and len(got_in) != len(input_shape)):
@@ -182,6 +256,22 @@ def check_model_fits(model, input_shape, num_classes):
     out = model.output_shape[-1] if not isinstance(model.output_shape, list) else None
     if out is not None and out != num_classes:
         raise ModelError(f"model {model.name!r} outputs {out} classes but the dataset has "
+                         f"{num_classes}: pick a matching dataset or model")
+    return model
+
+
+def _check_subclassed_fits(model, input_shape, num_classes):
+    import numpy as np
+
+    try:
+        out = model(np.zeros((1, *input_shape), np.float32))
+    except Exception as e:  # the user's call(): any exception
+        raise ModelError(f"model {model.name!r} (a subclassed {type(model).__name__}) fails on "
+                         f"a batch of inputs of the dataset's shape {tuple(input_shape)}: "
+                         f"{_first_line(e)}: pick a matching dataset or model") from None
+    classes = out.shape[-1] if hasattr(out, "shape") and len(out.shape) else None
+    if classes is not None and classes != num_classes:
+        raise ModelError(f"model {model.name!r} outputs {classes} classes but the dataset has "
                          f"{num_classes}: pick a matching dataset or model")
     return model
 

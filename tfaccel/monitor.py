@@ -87,7 +87,7 @@ def default_sampler(gpus=None):
     if gpus:
         try:
             return NvmlSampler()
-        except Exception as e:  # ImportError, or NVMLError when the driver is missing
+        except Exception as e:  # noqa: BLE001 (ImportError, or NVMLError without a driver)
             logging.warning("%d GPU(s) visible but NVML is unavailable (%s: %s): monitoring the "
                             "CPU instead; install nvidia-ml-py for GPU utilization",
                             len(gpus), type(e).__name__, e)

@@ -29,14 +29,14 @@ import dataclasses
 import tensorflow as tf
 from absl import logging
 
+from tfaccel.choices import JIT_CHOICES, PRECISIONS
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import ensure_tf_keras, keras
 
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
-"""Policies `set_precision` accepts; recipes also accept 'auto'."""
-JIT_CHOICES = ("false", "true", "auto")
 BASELINE = ("float32", False)
 """The setting `auto_select` compares against and falls back to."""
+MIN_SPEEDUP = 1.05
+"""How much faster than the baseline `auto_select` needs another setting to measure."""
 _MIN_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
 
@@ -101,12 +101,12 @@ def precision_advice(name, gpus=None, cpu_flags=None):
                 f">= {need[0]}.{need[1]}; use float32 or --precision=auto"
                 for i, g in enumerate(gpus) if tuple(g["compute_capability"]) < need]
     if name == "mixed_float16":
-        return ["no GPU: mixed_float16 has no fast path on CPUs and trains slower than float32; "
-                "use it here only to check correctness, or use --precision=auto"]
+        return [("no GPU: mixed_float16 has no fast path on CPUs and trains slower than "
+                 "float32; use it here only to check correctness, or use --precision=auto")]
     flags = _cpu_flags() if cpu_flags is None else cpu_flags
     if not {"avx512_bf16", "amx_bf16"} & set(flags):
-        return ["this CPU has no bfloat16 instructions (AVX512_BF16 or AMX): mixed_bfloat16 "
-                "will train slower than float32; use float32 or --precision=auto"]
+        return [("this CPU has no bfloat16 instructions (AVX512_BF16 or AMX): mixed_bfloat16 "
+                 "will train slower than float32; use float32 or --precision=auto")]
     return []
 
 
@@ -161,7 +161,7 @@ def _clone(model, name, float32_outputs):
         config["dtype"] = "float32" if id(layer) in outputs else name
         try:
             return layer.__class__.from_config(config)
-        except Exception as e:  # a user layer whose from_config rejects a dtype
+        except Exception as e:  # noqa: BLE001 (a user layer whose from_config rejects a dtype)
             raise ModelError(f"cannot rebuild layer {layer.name!r} ({type(layer).__name__}) under "
                              f"{name} ({type(e).__name__}: {e}): set the policy before building "
                              "the model instead") from None
@@ -280,7 +280,7 @@ def _default_compile(model, precision, jit_compile):
 
 def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
                 compile_fn=None, warmup=2, steps=8, rounds=3, drop_slower_than=3.0,
-                min_speedup=1.05):
+                min_speedup=MIN_SPEEDUP):
     """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
 
     First every precision is timed without XLA, then XLA on and off for the
@@ -291,7 +291,11 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
     so that other load on the machine hits them alike, and each keeps its best
     round (the median step time of a round; contention only ever slows a
     round down). A setting more than `drop_slower_than` times slower than the
-    best after a round cannot win and is not timed again. The baseline is
+    best after a round cannot win and is not timed again. A round of a setting
+    is cut to the steps that fit in `drop_slower_than` times the fastest
+    setting's round (at least one; paced by the last step time known, the
+    warm-up's at first), so that a setting 100x slower (float16 on most CPUs)
+    costs a few steps, not a long round. The baseline is
     float32 without XLA (or the one precision given, without XLA), and another
     setting wins only if it measured at least `min_speedup` times faster (5%
     by default: smaller gaps are within a short trial's noise, and XLA or half
@@ -329,20 +333,24 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
     compile_fn = compile_fn or _default_compile
     first_jit = False if False in jit_options else jit_options[0]
     baseline = ("float32" if "float32" in precisions else precisions[0], first_jit)
-    copies, timings, measured_rounds = {}, {}, {}
+    copies, timings, measured_rounds, probes = {}, {}, {}, {}
 
     def prepare(key):
         with precision_scope(key[0]):
             copies[key] = _clone(model, key[0], float32_outputs=True)
             compile_fn(copies[key], *key)
-            monitor.time_training(copies[key], dataset, batch_size, warmup, 1)
+            probes[key] = monitor.time_training(copies[key], dataset, batch_size, warmup,
+                                                1)["seconds_per_step"]
 
     def measure(keys):
         active = list(keys)
         for _ in range(rounds):
-            for key in active:
+            pace = {k: timings.get(k, probes[k]) for k in active}
+            budget = drop_slower_than * steps * min(pace.values())
+            for key in active:  # a far slower setting gets fewer steps (>= 1), not a long round
+                n = max(1, min(steps, int(budget / pace[key])))
                 seconds = monitor.time_training(copies[key], dataset, batch_size, 1,
-                                                steps)["seconds_per_step"]
+                                                n)["seconds_per_step"]
                 timings[key] = min(timings.get(key, float("inf")), seconds)
                 measured_rounds[key] = measured_rounds.get(key, 0) + 1
                 logging.info("auto trial %s jit_compile=%s: %.2f ms/step", *key, 1000 * seconds)

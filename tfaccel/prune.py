@@ -14,9 +14,11 @@ Layers left dense by default (and said so, see `plan_pruning`): the first
 layer when it is a convolution (few weights, large accuracy cost), layers with
 fewer than `min_weights` prunable weights (e.g. a small classifier head),
 layers TF-MOT cannot prune, and layers that cannot take the requested 2:4
-(`m_by_n`) or block pattern. A layer named in `include` that cannot be pruned
-as asked is an error instead of a silent skip (TF-MOT's 2:4 leaves a kernel
-whose pruned axis is too small dense without a word).
+(`m_by_n`) pattern. A layer named in `include` that cannot be pruned as asked
+is an error instead of a silent skip (TF-MOT's 2:4 leaves a kernel whose
+pruned axis is too small dense without a word). A `block_size` applies where
+TF-MOT can use it (2-D kernels: Dense); convolutions are pruned element-wise
+at the same sparsity (`PruningPlan.element_wise` names them).
 
 Works under `mixed_float16`/`mixed_bfloat16` (TF-MOT issue #409: masking
 fails under MirroredStrategy and, without one, rounds the float32 master
@@ -64,7 +66,8 @@ class PruneConfig:
       power: exponent of the polynomial ramp.
       m_by_n: e.g. (2, 4): at least 2 zeros in every 4 consecutive weights along
         the input-channel axis (sparsity m/n; TF-MOT sets this mask once, at step 1).
-      block_size: (rows, cols) blocks pruned together in 2-D kernels.
+      block_size: (rows, cols) blocks pruned together in 2-D kernels; layers
+        with other kernels (convolutions) are pruned element-wise.
       block_pooling: 'AVG' or 'MAX', how a block's magnitude is pooled.
       policy: None or 'xnnpack' (TF-MOT's PruneForLatencyOnXNNPack: 1x1
         convolutions of a model XNNPACK's sparse inference can run).
@@ -92,10 +95,16 @@ class PruneConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PruningPlan:
-    """Which layers get pruned, and why the others stay dense ({name: reason})."""
+    """Which layers get pruned, and why the others stay dense ({name: reason}).
+
+    `element_wise` names the pruned layers that a `block_size` does not fit
+    (TF-MOT prunes blocks of 2-D kernels only, e.g. Dense): they are pruned
+    element-wise instead, at the same sparsity.
+    """
 
     pruned: tuple
     skipped: dict
+    element_wise: tuple = ()
 
 
 def _tfmot():
@@ -228,9 +237,12 @@ def _pattern_problem(weights, config):
             if axis % n:
                 return (f"{config.m_by_n[0]}:{n} sparsity needs input channels divisible by {n}, "
                         f"kernel {shape} has {axis}")
-        if tuple(config.block_size) != (1, 1) and len(shape) != 2:
-            return f"block sparsity needs a 2-D kernel, not {shape}"
     return None
+
+
+def _takes_blocks(weights, config):
+    """True when `config.block_size` applies to these kernels (TF-MOT blocks only 2-D ones)."""
+    return tuple(config.block_size) != (1, 1) and all(len(w.shape) == 2 for w in weights)
 
 
 def _matches(layer, names):
@@ -301,7 +313,7 @@ def plan_pruning(model, config=PruneConfig()):
         except ValueError as e:
             raise UnsupportedLayerError(f"policy='xnnpack' does not fit model {model.name!r}: "
                                         f"{str(e).strip()}; drop the policy for this model") from None
-    pruned, skipped = [], {}
+    pruned, skipped, element_wise = [], {}, []
     first_kernel_seen = False
     for layer in layers:
         weights = prunable_weights(layer)
@@ -339,11 +351,26 @@ def plan_pruning(model, config=PruneConfig()):
             skipped[layer.name] = reason
         else:
             pruned.append(layer.name)
+            if tuple(config.block_size) != (1, 1) and not _takes_blocks(weights, config):
+                element_wise.append(layer.name)
     if not pruned:
-        raise ConfigError(f"nothing to prune in {model.name!r}: "
-                          + "; ".join(f"{k}: {v}" for k, v in skipped.items())
-                          + " (name layers in include, or lower min_weights)")
-    return PruningPlan(tuple(pruned), skipped)
+        reasons = "; ".join(f"{k}: {v}" for k, v in skipped.items()) or \
+            "no layer has a kernel TF-MOT can prune"
+        raise ConfigError(f"nothing to prune in {model.name!r}: {reasons}: "
+                          f"{_nothing_to_prune_fix(skipped.values(), config)}")
+    return PruningPlan(tuple(pruned), skipped, tuple(element_wise))
+
+
+def _nothing_to_prune_fix(reasons, config):
+    """The ways out that match why each layer stayed dense (the PruneConfig fields to change)."""
+    fixes = {"excluded": "remove layers from exclude",
+             "not in include": "name more layers in include",
+             "first convolution": "set keep_first_conv=False",
+             "< min_weights": f"lower min_weights (now {config.min_weights})",
+             "xnnpack policy": "drop policy='xnnpack'",
+             "sparsity needs": "drop m_by_n or pick one whose n divides the input channels"}
+    found = [fix for key, fix in fixes.items() if any(key in r for r in reasons)]
+    return ", or ".join(found) if found else "give a model with Conv/Dense kernels to prune"
 
 
 # ---------------------------------------------------------------- pruning
@@ -408,7 +435,8 @@ def _rebuild(model, names, wrap):
 
 
 def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=PruneConfig(), *,
-                      log_dir=None, backup_dir=None, backup_freq="epoch"):
+                      log_dir=None, backup_dir=None, backup_freq="epoch",
+                      delete_backup_after_fit=True):
     """Prepares `model` for pruning to `target_sparsity` over `epochs` of fine-tuning.
 
     Returns a pruned copy (not compiled: compile it in the same strategy scope)
@@ -435,6 +463,9 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
       backup_dir: if given, the run is backed up there (`tfaccel.resume`) and
         a rerun after a kill resumes with its pruning step, masks and optimizer.
       backup_freq: 'epoch' or a number of steps between backups.
+      delete_backup_after_fit: delete the backup when `fit` returns. Pass False
+        when results are written after `fit`, and call `resume.remove_backup`
+        after the last one, so that a kill in between does not lose the pruning.
 
     Returns:
       (pruned_model, callbacks).
@@ -446,12 +477,12 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     """
     plan = plan_pruning(model, config)
     schedule = make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config)
-    params = {"pruning_schedule": schedule, "block_size": tuple(config.block_size),
-              "block_pooling_type": config.block_pooling,
+    params = {"pruning_schedule": schedule, "block_pooling_type": config.block_pooling,
               "sparsity_m_by_n": tuple(config.m_by_n) if config.m_by_n else None}
 
     def wrap(layer):
-        return _wrapper_class()(layer, **params)
+        block = (1, 1) if layer.name in plan.element_wise else tuple(config.block_size)
+        return _wrapper_class()(layer, block_size=block, **params)
 
     try:
         pruned = _rebuild(model, set(plan.pruned), wrap)
@@ -463,11 +494,15 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     logging.info("pruning %s to %.0f%%: %s; left dense: %s", model.name, 100 * target,
                  ", ".join(plan.pruned),
                  "; ".join(f"{k} ({v})" for k, v in plan.skipped.items()) or "none")
+    if plan.element_wise:
+        logging.info("blocks of %s fit only 2-D kernels: %s pruned element-wise",
+                     "x".join(map(str, config.block_size)), ", ".join(plan.element_wise))
     callbacks = []
     if backup_dir:
         from tfaccel import resume
 
-        callbacks += resume.backup_callbacks(backup_dir, backup_freq, epochs)
+        callbacks += resume.backup_callbacks(backup_dir, backup_freq, epochs,
+                                             delete_after_fit=delete_backup_after_fit)
     # Without UpdatePruningStep the wrappers fail at the first step and never update masks.
     callbacks.append(_tfmot().sparsity.keras.UpdatePruningStep())
     if log_dir:

@@ -9,9 +9,12 @@ convert it with `tfaccel.tflite.convert_to_tflite(..., mode="int8")`.
 Before anything is cloned, every layer to quantize is checked against what the
 default 8-bit scheme supports; unsupported ones (e.g. Lambda, LSTM) are listed
 in one `UnsupportedLayerError` with the ways out. Nested models are flattened
-first (TF-MOT refuses them, its issue #957). Under a mixed precision policy the
-QAT model is built and fine-tuned in float32, with a warning, because the
-fake-quant kernels have no float16 version. Call it inside a
+first (TF-MOT refuses them, its issue #957). `check_quantize_aware` builds the
+QAT model on a throwaway copy (pruned and stripped first, for the
+prune-preserving path), so that a recipe meets every problem before training.
+Under a mixed precision policy the QAT model is built and fine-tuned in
+float32, with a warning, because the fake-quant kernels have no float16
+version. Call it inside a
 `tf.distribute.Strategy` scope to train it distributed.
 
 `scheme="prune_preserve"` uses TF-MOT's collaborative
@@ -28,6 +31,7 @@ Example:
 """
 
 import contextlib
+import dataclasses
 
 import tensorflow as tf
 from absl import logging
@@ -40,9 +44,15 @@ SCHEMES = ("default", "prune_preserve")
 
 # Layers the default 8-bit scheme handles through graph transforms rather than
 # its registry: BatchNorm is folded into a linear Conv2D/DepthwiseConv2D/Dense
-# before it (possibly through a Reshape); separable convolutions are split.
-_FOLDABLE_INTO_BN = ("Conv2D", "DepthwiseConv2D", "Dense", "Reshape")
+# before it (or a Conv2D/DepthwiseConv2D before a Reshape before it); separable
+# convolutions are split.
+_FOLDABLE_INTO_BN = ("Conv2D", "DepthwiseConv2D", "Dense")
+_FOLDABLE_THROUGH_RESHAPE = ("Conv2D", "DepthwiseConv2D")
 _TRANSFORMED = ("InputLayer", "SeparableConv1D", "SeparableConv2D")
+# Weightless layers the registry lacks but int8 TFLite runs with its input's scale (as the
+# registry's MaxPooling2D/ZeroPadding2D): annotated with a no-op config, so the output keeps
+# the input's quantization. Resizing: the zoo's mobilenet_v2 upsamples small images with it.
+_SAME_SCALE = ("Resizing",)
 
 
 def _tfmot():
@@ -59,20 +69,52 @@ def _registry():
     return default_8bit_quantize_registry.Default8BitQuantizeRegistry()
 
 
-def _follows_foldable_layer(layer):
-    """True when every call of `layer` takes the output of one Conv/Dense-like layer."""
-    nodes = getattr(layer, "_inbound_nodes", [])
-    inbound = [tf.nest.flatten(node.inbound_layers) for node in nodes]
-    return bool(inbound) and all(
-        len(layers) == 1 and type(layers[0]).__name__ in _FOLDABLE_INTO_BN for layers in inbound)
+def _calls_in(model):
+    """{layer name: [the layers feeding each of its calls]}, over the calls in `model`'s graph.
+
+    A layer object can be called in several models: TF-MOT's `strip_pruning`
+    returns the very layers of the pruned model (where a BatchNorm follows a
+    pruning wrapper), and `flatten_model` calls a sub-model's layers again.
+    Only the calls that make up `model` say what QAT will see. Reads
+    `_nodes_by_depth` (tf_keras 2.21 Functional/Sequential internals).
+    """
+    calls = {}
+    for nodes in getattr(model, "_nodes_by_depth", {}).values():
+        for node in nodes:
+            if not node.is_input:
+                calls.setdefault(node.layer.name, []).append(tf.nest.flatten(node.inbound_layers))
+    return calls
 
 
-def _is_supported(layer, registry):
+def _no_op_config():
+    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
+        default_8bit_quantize_configs,
+    )
+
+    return default_8bit_quantize_configs.NoOpQuantizeConfig
+
+
+def _follows(layer, kinds, calls):
+    """True when every call of `layer` in the model takes the output of one layer of `kinds`."""
+    inbound = calls.get(layer.name, [])
+    return bool(inbound) and all(len(layers) == 1 and type(layers[0]).__name__ in kinds
+                                 for layers in inbound)
+
+
+def _follows_foldable_layer(layer, calls):
+    """True when TF-MOT can fold the BatchNorm `layer` into the layer before it."""
+    if _follows(layer, ("Reshape",), calls):
+        reshape = calls[layer.name][0][0]
+        return _follows(reshape, _FOLDABLE_THROUGH_RESHAPE, calls)
+    return _follows(layer, _FOLDABLE_INTO_BN, calls)
+
+
+def _is_supported(layer, registry, calls):
     kind = type(layer).__name__
-    if kind in _TRANSFORMED or registry.supports(layer):
+    if kind in _TRANSFORMED or kind in _SAME_SCALE or registry.supports(layer):
         return True
     if kind in ("BatchNormalization", "SyncBatchNormalization"):
-        return _follows_foldable_layer(layer)
+        return _follows_foldable_layer(layer, calls)
     return False
 
 
@@ -87,9 +129,10 @@ def unsupported_layers(model, layer_names=None):
       A list of (layer name, layer class name), empty when all are supported.
     """
     registry = _registry()
+    calls = _calls_in(model)
     return [(layer.name, type(layer).__name__) for layer in model.layers
             if (layer_names is None or layer.name in layer_names)
-            and not _is_supported(layer, registry)]
+            and not _is_supported(layer, registry, calls)]
 
 
 def check_quantizable(model, layer_names=None):
@@ -108,9 +151,12 @@ def check_quantizable(model, layer_names=None):
     if bad:
         listed = ", ".join(f"{name} ({kind})" for name, kind in bad)
         names = ",".join(name for name, _ in bad)
+        norms = any(kind.endswith("BatchNormalization") for _, kind in bad)
+        fold = ("a BatchNormalization is folded into the Conv2D/DepthwiseConv2D/Dense right "
+                "before it, so put one there, or " if norms else "")
         raise UnsupportedLayerError(
             f"QAT (TF-MOT default 8-bit scheme) cannot quantize {len(bad)} layer(s): {listed}; "
-            f"ways out: skip them (skip_layers=[...] / --qat_skip_layers={names}), quantize only "
+            f"ways out: {fold}skip them (skip_layers=[...] / --qat_skip_layers={names}), quantize only "
             "a subset (only_layers=[...]), or replace them with supported layers "
             "(Conv2D, Dense, DepthwiseConv2D, pooling, Add, Concatenate, ReLU, Activation)")
 
@@ -286,13 +332,19 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
             model = _as_float32(model)
         every_layer = {layer.name for layer in model.layers
                        if not isinstance(layer, keras.layers.InputLayer)}
-        if chosen == every_layer:
+        no_op = _no_op_config()
+        same_scale = {layer.name for layer in model.layers
+                      if layer.name in chosen and type(layer).__name__ in _SAME_SCALE}
+        if chosen == every_layer and not same_scale:
             annotated = tfmot.quantization.keras.quantize_annotate_model(model)
         else:
-            annotate = tfmot.quantization.keras.quantize_annotate_layer
-            annotated = keras.models.clone_model(
-                model, clone_function=lambda layer: annotate(layer) if layer.name in chosen
-                else layer)
+            def annotate(layer):
+                if layer.name not in chosen:
+                    return layer
+                config = no_op() if layer.name in same_scale else None
+                return tfmot.quantization.keras.quantize_annotate_layer(layer, config)
+
+            annotated = keras.models.clone_model(model, clone_function=annotate)
             annotated.set_weights(model.get_weights())
         if scheme == "prune_preserve":
             quantize_scheme = (tfmot.quantization.keras.collab_opts
@@ -300,10 +352,40 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
         else:
             quantize_scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
         try:
-            with tfmot.quantization.keras.quantize_scope():
+            with tfmot.quantization.keras.quantize_scope({"NoOpQuantizeConfig": no_op}):
                 return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
         except (RuntimeError, ValueError) as e:  # e.g. a custom layer without a QuantizeConfig
             first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise UnsupportedLayerError(
                 f"TF-MOT cannot quantize {model.name!r}: {first}; skip the layer it names "
                 "(skip_layers=[...]) or quantize only a subset (only_layers=[...])") from None
+
+
+def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=None,
+                         prune_configs=()):
+    """Builds what `quantize_aware` would build, on a throwaway copy, so that errors come first.
+
+    `check_qat_ready` reads the layers; this also runs TF-MOT's own cloning and
+    graph transforms (where, e.g., a custom layer without a QuantizeConfig
+    fails), in seconds and before any training. For a model that will be
+    pruned first, pass the pruning stages as `prune_configs`: the copy is
+    wrapped and stripped the same way (`tfaccel.prune`), so the check sees the
+    layers QAT will get after pruning. `model` is not changed.
+
+    Example:
+
+        check_quantize_aware(model, "prune_preserve", prune_configs=[PruneConfig()])
+
+    Raises:
+      The errors of `prune.prune_to_sparsity` and `quantize_aware`
+      (ConfigError, UnsupportedLayerError, ModelError).
+    """
+    from tfaccel import prune
+
+    for config in prune_configs:
+        # Only the structure matters here: a one-step ramp that any config can take.
+        config = dataclasses.replace(config, initial_sparsity=0.0, begin_epoch=0.0,
+                                     end_epoch=None, frequency=None)
+        wrapped, _ = prune.prune_to_sparsity(model, 0.5, 1, 2, config)
+        model = prune.strip_pruning(wrapped)
+    quantize_aware(model, scheme, only_layers, skip_layers)

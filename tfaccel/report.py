@@ -15,6 +15,7 @@ Example:
 """
 
 import os
+import shutil
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from tfaccel.io import atomic_path, write_json, write_text
 
 COLUMNS = ("variant", "accuracy", "accuracy_change_points", "bytes", "gzip_bytes",
            "gzip_ratio", "latency_p50_us", "latency_mean_us", "speedup",
-           "agreement_with_float", "agreement_with_source")
+           "agreement_with_float", "agreement_with_source", "pruned_sparsity")
 """Columns of the comparison table, in order."""
 
 _REQUIRED = ("variant", "accuracy", "bytes", "gzip_bytes", "latency_p50_us")
@@ -141,3 +142,37 @@ def write_report(directory, logdir, rows, summary, title="Optimized variants", s
     summaries.write_text(logdir, f"{name}/table", markdown, step=step)
     summaries.write_png(logdir, f"{name}/accuracy_vs_size", paths["png"], step=step)
     return paths
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def discard(staging):
+    """Removes a staging directory (left by a run that was killed before `publish`)."""
+    if os.path.lexists(staging):
+        _remove(staging)
+
+
+def publish(staging, directory, last=("report.json", "report.md", "report.png")):
+    """Moves a finished run's outputs from `staging` into `directory`, replacing older ones.
+
+    A run writes into `staging` and publishes only once everything is written,
+    so a run that fails or is killed leaves no half-set of outputs in
+    `directory` that looks like a result. Each top-level entry of `staging`
+    replaces the entry of the same name (other files in `directory` stay);
+    the old `last` files (the report) are removed first and the new ones
+    moved in last, so a report always belongs to the outputs beside it.
+    """
+    os.makedirs(directory, exist_ok=True)
+    for name in last:
+        _remove(os.path.join(directory, name))
+    for name in sorted(os.listdir(staging), key=lambda n: n in last):
+        target = os.path.join(directory, name)
+        _remove(target)
+        os.replace(os.path.join(staging, name), target)
+    os.rmdir(staging)
+    return directory

@@ -25,12 +25,9 @@ import math
 
 import tensorflow as tf
 
+from tfaccel.choices import SCHEDULES
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
-
-SCHEDULES = ("constant", "step", "piecewise", "exponential", "polynomial", "cosine",
-             "cosine_restarts", "one_cycle", "epoch_exponential")
-
 
 
 def _register(cls):

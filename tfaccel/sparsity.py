@@ -23,6 +23,9 @@ from tfaccel.errors import ConfigError, ModelError
 from tfaccel.io import atomic_path, file_size, gzipped_size
 from tfaccel.keras import ensure_tf_keras, keras
 
+_PRUNED_ZEROS = 0.01
+"""Share of exact zeros above which a kernel of a stripped model counts as pruned."""
+
 
 def _layers_with_kernels(model):
     """[(name, layer, [kernel arrays]), ...], looking through pruning wrappers and nested models."""
@@ -51,8 +54,10 @@ def sparsity_report(model, layer_names=None):
     Args:
       model: a pruned (wrapped) or stripped tf_keras model.
       layer_names: the layers that were pruned (e.g. `PruningPlan.pruned`);
-        default: the wrapped layers of a pruned model, or every layer with a
-        kernel of a stripped one.
+        default: the wrapped layers of a pruned model, or, in a stripped or
+        loaded one, the layers whose kernels are more than 1% exact zeros
+        (float weights that were not masked hold almost none: a random init
+        gives about one per 8 million).
 
     Returns:
       {'layers': [{'layer', 'shape', 'weights', 'zeros', 'sparsity', 'pruned'}],
@@ -63,7 +68,9 @@ def sparsity_report(model, layer_names=None):
     found = _layers_with_kernels(model)
     if layer_names is None:
         wrapped = [name for name, w, _ in found if w]
-        layer_names = wrapped or [name for name, _, _ in found]
+        layer_names = wrapped or [name for name, _, kernels in found
+                                  if sum(np.count_nonzero(k == 0) for k in kernels)
+                                  > _PRUNED_ZEROS * sum(k.size for k in kernels)]
     missing = set(layer_names) - {name for name, _, _ in found}
     if missing:
         raise ModelError(f"layers {', '.join(sorted(missing))} have no prunable kernel in "

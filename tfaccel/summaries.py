@@ -3,7 +3,8 @@
 Writers for what Keras's TensorBoard callback does not log (the run's config
 as text, reports, plots, throughput, the learning rate every N steps) and
 readers built on TensorBoard's own event-file loader, so that tests and users
-can check what a run wrote.
+can check what a run wrote. `tensorboard_command` is the command the recipes
+print to look at a run (served on localhost only).
 
 Example:
 
@@ -13,6 +14,7 @@ Example:
     summaries.read_text("runs/a/logs/train")["config/flags"]
 """
 
+import shlex
 import time
 
 import numpy as np
@@ -200,9 +202,12 @@ def current_learning_rate(optimizer):
 
 
 class LearningRateLogger(keras.callbacks.Callback):
-    """Logs the learning rate every `every_n_steps` optimizer steps and at each epoch end.
+    """Logs the learning rate as `learning_rate` every `every_n_steps` steps and at each epoch end.
 
-    The value logged at step s is the rate the s-th update used.
+    The step of each value is the optimizer's step count (`optimizer.iterations`)
+    after the update, and the value is the rate that update used: at step s,
+    `schedule(s - 1)`. This is the run's one learning-rate curve: pair it with
+    `summaries.TensorBoard`, which leaves out Keras's own per-epoch copy.
     """
 
     def __init__(self, logdir, every_n_steps=10):
@@ -210,12 +215,16 @@ class LearningRateLogger(keras.callbacks.Callback):
         self.logdir = str(logdir)
         self.every_n_steps = max(1, int(every_n_steps))
         self._writer = None
+        self._last_step = None
 
     def _log(self, step):
+        if step == self._last_step:  # an epoch that ends on a multiple of every_n_steps
+            return
         if self._writer is None:
             self._writer = _writer(self.logdir)
         with self._writer.as_default():
             tf.summary.scalar("learning_rate", current_learning_rate(self.model.optimizer), step=step)
+        self._last_step = step
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
@@ -223,9 +232,6 @@ class LearningRateLogger(keras.callbacks.Callback):
             self._log(step)
 
     def on_epoch_end(self, epoch, logs=None):
-        lr = current_learning_rate(self.model.optimizer)
-        if logs is not None:
-            logs["lr"] = lr
         self._log(int(self.model.optimizer.iterations.numpy()))
         self._writer.flush()
 
@@ -233,3 +239,33 @@ class LearningRateLogger(keras.callbacks.Callback):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+
+
+class TensorBoard(keras.callbacks.TensorBoard):
+    """Keras's TensorBoard callback without its `epoch_learning_rate` curve.
+
+    Keras adds the schedule's value at the epoch's last step count (the rate the
+    *next* update would use) as `epoch_learning_rate`, one step off the rate
+    `LearningRateLogger` logs as `learning_rate`; two curves that disagree by
+    a step help nobody, so this keeps only tfaccel's. Everything else (losses,
+    metrics, graphs, histograms) is Keras's. Checked against tf_keras 2.21,
+    whose hook for this is `_collect_learning_rate`.
+
+    Example:
+
+        model.fit(ds, callbacks=[summaries.LearningRateLogger("runs/a/logs/train"),
+                                 summaries.TensorBoard("runs/a/logs")])
+    """
+
+    def _collect_learning_rate(self, logs):
+        return logs
+
+
+def tensorboard_command(logdir):
+    """The shell command that shows `logdir` in TensorBoard, served to this machine only.
+
+    TensorBoard listens on localhost; from another machine, tunnel to it rather
+    than serving it to the network: ``ssh -L 6006:localhost:6006 user@host``,
+    then open http://localhost:6006.
+    """
+    return f"tensorboard --logdir {shlex.quote(str(logdir))} --host localhost"

@@ -374,34 +374,73 @@ def tflite_sizes(path):
     return {"bytes": file_size(path), "gzip_bytes": gzipped_size(path)}
 
 
-def weight_sparsity(model, min_weights=1024):
-    """Share of zeros in the weight tensors (>= `min_weights` elements) stored in a `.tflite` file.
+def _names_layer(tensor_name, layer_names):
+    """The layer of `layer_names` a converted tensor belongs to, or None.
+
+    The converter names a weight after its op's path, e.g.
+    `resnet/quant_stage0_block0_a_conv/Conv2D;...` (QAT wraps layers as `quant_<name>`).
+    """
+    segments = tensor_name.split(";")[0].split("/")
+    return next((name for name in layer_names
+                 if name in segments or f"quant_{name}" in segments), None)
+
+
+def weight_sparsity(model, min_weights=1024, layer_names=None):
+    """Share of zeros in the weight tensors stored in a `.tflite` file.
 
     Reads the constant tensors themselves, so it shows whether pruning's zeros
     survived quantization and conversion (a sparse-encoded file is not read).
+    An int8 weight counts as zero when it equals its zero point.
+
+    Args:
+      model: a `.tflite` path or its bytes.
+      min_weights: without `layer_names`, count the >= 2-D weights of at least
+        this many elements.
+      layer_names: count only the weights of these Keras layers (e.g. the
+        pruned ones, `PruningPlan.pruned`), whatever their size.
 
     Returns:
-      {'weights': count, 'zeros': count, 'sparsity': share, 'tensors': {name: share}}.
+      {'weights': count, 'zeros': count, 'sparsity': share, 'tensors': {name: share}},
+      and with `layer_names` also 'layers': {layer: share}.
+
+    Raises:
+      ModelError: a layer of `layer_names` has no weight tensor in the file.
     """
     interpreter = make_interpreter(model)
+    # Activations are the outputs of ops; what no op produces and is no input is a constant.
+    produced = {i for op in interpreter._get_ops_details() for i in op["outputs"]}
+    produced |= {d["index"] for d in interpreter.get_input_details()}
     weights = zeros = 0
-    tensors = {}
+    tensors, layers = {}, {}
     for detail in interpreter.get_tensor_details():
-        if int(np.prod(detail["shape"])) < min_weights or len(detail["shape"]) < 2:
+        if detail["index"] in produced or len(detail["shape"]) < 2 or detail["sparsity_parameters"]:
+            continue
+        layer = _names_layer(detail["name"], layer_names) if layer_names is not None else None
+        if layer_names is not None and layer is None:
+            continue
+        if layer_names is None and int(np.prod(detail["shape"])) < min_weights:
             continue
         try:
             values = interpreter.get_tensor(detail["index"])
-        except ValueError:  # activations have no data outside invoke()
-            continue
-        if detail["sparsity_parameters"]:
+        except ValueError:
             continue
         zero = int(np.count_nonzero(values == detail["quantization"][1]
                                     if np.issubdtype(values.dtype, np.integer) else values == 0))
         weights += values.size
         zeros += zero
         tensors[detail["name"]] = zero / values.size
-    return {"weights": weights, "zeros": zeros, "sparsity": zeros / weights if weights else 0.0,
-            "tensors": tensors}
+        if layer is not None:
+            total = layers.get(layer, (0, 0))
+            layers[layer] = (total[0] + zero, total[1] + values.size)
+    result = {"weights": weights, "zeros": zeros,
+              "sparsity": zeros / weights if weights else 0.0, "tensors": tensors}
+    if layer_names is not None:
+        missing = sorted(set(layer_names) - set(layers))
+        if missing:
+            raise ModelError(f"no weights of layers {', '.join(missing)} in the TFLite file: "
+                             "pass the names of Keras layers the model was converted from")
+        result["layers"] = {name: z / n for name, (z, n) in layers.items()}
+    return result
 
 
 def prediction_agreement(predictions_a, predictions_b):

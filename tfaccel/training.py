@@ -14,13 +14,14 @@ Example:
     print(training.evaluate(model, data.batch_dataset(splits.test, 256, training=False)))
 """
 
+import json
+import math
 import os
 
-from tfaccel.errors import ConfigError
+from tfaccel.choices import OPTIMIZERS
+from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.io import atomic_path
 from tfaccel.keras import ensure_tf_keras, keras
-
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
 
 
 def make_optimizer(name, learning_rate, weight_decay=1e-4):
@@ -76,3 +77,89 @@ def export_model(model, directory, keras_name="model.keras", saved_model_name="s
     with atomic_path(saved_path) as tmp:
         model.save(tmp, save_format="tf", include_optimizer=False)
     return {"keras": keras_path, "saved_model": saved_path}
+
+
+def read_finished_run(model_dir, metrics_name="metrics.json",
+                      artifacts=("model.keras", "saved_model")):
+    """The metrics of the finished run in `model_dir`, or None if it holds none or only part of one.
+
+    A run is finished when its metrics file exists and every artifact named in
+    `artifacts` is there too. Recipes write the metrics file last and
+    atomically, so it marks a complete set of outputs: a run killed while
+    exporting has none, and its rerun must write them again.
+    """
+    path = os.path.join(os.fspath(model_dir), metrics_name)
+    try:
+        with open(path, encoding="utf-8") as f:
+            metrics = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(metrics, dict):
+        return None
+    if not all(os.path.exists(os.path.join(os.fspath(model_dir), a)) for a in artifacts):
+        return None
+    return metrics
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stops `fit` with a `TrainingError` at the first step whose loss is NaN or infinite.
+
+    Keras's `TerminateOnNaN` only sets `stop_training`: `fit` then returns as if
+    it had finished, and what comes next (evaluation, export, a report) runs on
+    a broken model and writes results that look like any other. Raising instead
+    ends the program before those are written; recipes turn it into one
+    `error:` line and exit code 2. A `BackupAndRestore` backup of the last
+    finished epoch is kept (Keras deletes nothing when `fit` raises).
+
+    The message names the likely cause: a loss already non-finite at the very
+    first step, before any update, comes from the data (or the model's
+    initialization), not from the learning rate; float16 without loss scaling
+    overflows; otherwise the learning rate is usually too high.
+
+    Example:
+
+        model.fit(train_ds, epochs=10, callbacks=[training.StopOnNonFiniteLoss()])
+        # TrainingError: the training loss became nan at epoch 3, step 7 (learning rate 10): ...
+
+    Raises:
+      TrainingError: from `fit`, at the first non-finite loss.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = 0
+        self._first_step = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        first, self._first_step = self._first_step, False
+        if loss is None or math.isfinite(float(loss)):
+            return
+        raise TrainingError(self._message(float(loss), batch, first))
+
+    def _message(self, loss, batch, first):
+        from tfaccel.summaries import current_learning_rate
+
+        where = f"epoch {self._epoch + 1}, step {batch + 1}"
+        try:
+            rate = f"learning rate {current_learning_rate(self.model.optimizer):g}"
+        except (AttributeError, TypeError, ValueError):
+            rate = "learning rate unknown"
+        float16 = any(getattr(layer, "compute_dtype", None) == "float16"
+                      for layer in self.model.submodules if isinstance(layer, keras.layers.Layer))
+        scaled = isinstance(self.model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+        if first:
+            return (f"the training loss was {loss} at the first step ({where}), before any "
+                    "update: check the data for NaN/Inf values (and labels in range), or the "
+                    "model's output")
+        fixes = ["lower the learning rate (e.g. by 10x)",
+                 "check the data for NaN/Inf values"]
+        if float16 and not scaled:
+            fixes.insert(0, "use loss scaling for float16 (tfaccel.precision.wrap_optimizer)")
+        else:
+            fixes.insert(1, "use loss scaling if training in float16")
+        return (f"the training loss became {loss} at {where} ({rate}): "
+                f"{', '.join(fixes[:-1])}, or {fixes[-1]}")

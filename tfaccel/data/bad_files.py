@@ -57,8 +57,11 @@ def drop_bad_files(files, labels, on_bad_example, what="image"):
         raise DataError(f"on_bad_example={on_bad_example!r}: use skip or fail")
     bad = [(f, why) for f in files if (why := check_image_file(f)) is not None]
     if bad and on_bad_example == "fail":
-        raise DataError(f"bad {what} file {bad[0][0]}: {bad[0][1]}; remove it or pass "
-                        f"--on_bad_example=skip ({len(bad)} bad file(s) in all)")
+        hidden = (", or hide it (names starting with '.' are ignored)"
+                  if what == "image" else "")
+        raise DataError(f"bad {what} file {bad[0][0]}: {bad[0][1]}; remove it{hidden}, or pass "
+                        f"--on_bad_example=skip to leave such files out ({len(bad)} bad file(s) "
+                        "in all)")
     if bad:
         log.warning("skipping %d bad %s file(s): %s", len(bad), what,
                     "; ".join(f"{f} ({why})" for f, why in bad))

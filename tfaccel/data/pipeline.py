@@ -41,19 +41,18 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.choices import CACHE_MODES, ON_BAD_EXAMPLE
 from tfaccel.data import augment
 from tfaccel.errors import ConfigError
 
 log = logging.getLogger("tfaccel")
 
-CACHE_MODES = ("auto", "memory", "none")
 SHARD_POLICIES = {
     "auto": tf.data.experimental.AutoShardPolicy.AUTO,
     "data": tf.data.experimental.AutoShardPolicy.DATA,
     "file": tf.data.experimental.AutoShardPolicy.FILE,
     "off": tf.data.experimental.AutoShardPolicy.OFF,
 }
-ON_BAD_EXAMPLE = ("fail", "skip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +134,8 @@ class PipelineConfig:
         if self.cache not in CACHE_MODES and not str(self.cache).strip():
             raise ConfigError(f"cache={self.cache!r}: use one of {', '.join(CACHE_MODES)} "
                               "or a file path prefix")
+        if self.cache not in CACHE_MODES:
+            _check_cache_folder(self.cache)
         if self.shard_policy is not None and self.shard_policy not in SHARD_POLICIES:
             raise ConfigError(f"shard_policy={self.shard_policy!r}: use one of "
                               f"{', '.join(SHARD_POLICIES)}")
@@ -155,6 +156,25 @@ class PipelineConfig:
                               "autotune=True too, or drop ram_budget_mb")
         if self.shuffle_buffer is not None and self.shuffle_buffer < 1:
             raise ConfigError(f"shuffle_buffer={self.shuffle_buffer} must be at least 1")
+
+
+def _check_cache_folder(prefix):
+    """tf.data writes a file cache as `prefix`.* files: their folder must exist and be writable
+    before the first epoch, or the run stops mid-training with files left behind."""
+    import os
+
+    from tfaccel.io import cannot_write
+
+    folder = os.path.dirname(os.path.abspath(prefix))
+    fix = ("pass a prefix in an existing folder you can write to (e.g. --cache=/tmp/train_cache), "
+           "or --cache=memory")
+    if os.path.isdir(prefix):
+        raise ConfigError(f"cache={prefix!r} is a folder: the cache is a file name prefix, e.g. "
+                          f"{os.path.join(prefix, 'train')!r}")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"cache={prefix!r}: folder {folder} does not exist: {fix}")
+    if why := cannot_write(folder):
+        raise ConfigError(f"cache={prefix!r}: cannot write to {folder} ({why}): {fix}")
 
 
 def steps_per_epoch(num_examples, batch_size, drop_remainder=False):
@@ -181,7 +201,7 @@ def _num_examples(dataset, num_examples):
 
 
 def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num_examples=None,
-                   seed=None):
+                   seed=None, epoch=None):
     """Batches an unbatched ``(image, label)`` dataset with the performance settings done right.
 
     Args:
@@ -192,6 +212,10 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
       num_examples: size of `dataset` when its cardinality is unknown (sizes the cache and
         shuffle buffer); without it, 'auto' does not cache a dataset of unknown size.
       seed: shuffle seed.
+      epoch: optional int64 `tf.Variable` holding the epoch being trained (from 0), e.g.
+        `tfaccel.resume.EpochCounter().epoch`. With a `seed`, epoch k is then shuffled
+        with seeds made of (seed, k) alone, so it sees the same order whether or not
+        the process restarted (a resumed run otherwise replays epoch 1's order).
 
     Returns:
       A batched, prefetched `tf.data.Dataset`.
@@ -268,7 +292,10 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         dataset = cached(dataset)
         buffer = c.shuffle_buffer or max(1, min(
             n or 10_000, 10_000, int(c.shuffle_budget_mb * 2**20 // _element_bytes(dataset.element_spec))))
-        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        if epoch is not None and seed is not None:
+            dataset = _shuffled_per_epoch(dataset, buffer, seed, epoch)
+        else:
+            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
         if crop:
             dataset = dataset.map(lambda x, y: (augment.random_crop(x, crop), y),
                                   num_parallel_calls=parallel, deterministic=c.deterministic)
@@ -298,6 +325,28 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     return dataset.with_options(pipeline_options(c))
 
 
+def _shuffled_per_epoch(dataset, buffer, seed, epoch):
+    """`dataset` shuffled with seeds (seed, epoch), `epoch` read each time an iteration starts.
+
+    `reshuffle_each_iteration` draws each epoch's seed from a generator that starts
+    afresh in every process, so after a restart epoch k would get epoch 1's order.
+    """
+    cardinality = int(dataset.cardinality())
+
+    def one_epoch(_):
+        # This function's own graph seed: shuffle fails on a tensor seed when the graph seed
+        # is 0 (TF 2.21 compares the seed pair to (0, 0)), and the order then depends on the
+        # seed and epoch only.
+        tf.random.set_seed(seed % (2**31 - 2) + 1)
+        return dataset.shuffle(buffer, seed=tf.cast(epoch, tf.int64),
+                               reshuffle_each_iteration=False)
+
+    shuffled = tf.data.Dataset.from_tensors(0).flat_map(one_epoch)
+    if cardinality >= 0:  # flat_map hides it; Keras needs it to count steps
+        shuffled = shuffled.apply(tf.data.experimental.assert_cardinality(cardinality))
+    return shuffled
+
+
 def pipeline_options(config):
     """The `tf.data.Options` a `PipelineConfig` asks for."""
     options = tf.data.Options()
@@ -316,7 +365,7 @@ def pipeline_options(config):
     return options
 
 
-def build_splits(splits, config=PipelineConfig(), *, seed=None):
+def build_splits(splits, config=PipelineConfig(), *, seed=None, epoch=None):
     """Train (shuffled, augmented), validation and test pipelines of a `Splits`.
 
     Returns:
@@ -327,7 +376,7 @@ def build_splits(splits, config=PipelineConfig(), *, seed=None):
     # Evaluation keeps its last partial batch: dropping it would score fewer examples.
     evaluation = dataclasses.replace(config, drop_remainder=False)
     return (build_pipeline(splits.train, config, training=True, info=info,
-                           num_examples=count.get("train"), seed=seed),
+                           num_examples=count.get("train"), seed=seed, epoch=epoch),
             build_pipeline(splits.validation, evaluation, training=False, info=info,
                            num_examples=count.get("validation")),
             build_pipeline(splits.test, evaluation, training=False, info=info,

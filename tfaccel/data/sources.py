@@ -19,10 +19,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.choices import DATASETS
 from tfaccel.data.bad_files import check_image_file, drop_bad_files  # noqa: F401 (re-exported)
 from tfaccel.errors import DataError
 
-DATASETS = ("digits", "synthetic", "image_dir", "npz", "tfrecord", "tfds")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
 
 # The digits split is fixed (not seeded by the run) so that every run, preset
@@ -168,6 +168,10 @@ def list_image_dir(path):
     """Returns (files, labels, class_names) of a folder of class subfolders."""
     if not path:
         raise DataError("image_dir needs a folder: pass --data_dir=/path/with/one/subfolder/per/class")
+    if os.path.isfile(path):
+        raise DataError(f"image folder {path!r} is a file, not a folder: pass a folder with one "
+                        "subfolder per class" + (" (an .npz file is read by --dataset=npz)"
+                                                 if path.endswith(".npz") else ""))
     if not os.path.isdir(path):
         raise DataError(f"image folder {path!r} does not exist: pass a folder with one subfolder per class")
     class_names = sorted(
@@ -245,9 +249,16 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
     ``x_test, y_test``; missing splits are cut from train) or plain ``x, y``.
     Integer images (uint8) are scaled to [0, 1]; (N, H, W) gets a channel axis.
     """
-    if not path or not os.path.isfile(path):
+    holding = "holding x_train, y_train (and optionally x_val, y_val, x_test, y_test) or x, y"
+    if not path:
+        raise DataError(f"dataset 'npz' needs a file: pass --data_dir=/path/to/data.npz {holding}")
+    if os.path.isdir(path):
+        raise DataError(f"npz file {path!r} is a folder, not a file: pass --data_dir=/path/to/"
+                        f"data.npz {holding}" + ("" if any(n.endswith(".npz") for n in os.listdir(
+                            path)) else " (a folder of class subfolders is --dataset=image_dir)"))
+    if not os.path.isfile(path):
         raise DataError(f"npz file {path!r} does not exist: pass --data_dir=/path/to/data.npz "
-                        "holding x_train, y_train (and optionally x_val, y_val, x_test, y_test) or x, y")
+                        + holding)
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
@@ -255,8 +266,11 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
         raise DataError(f"npz file {path!r} cannot be read ({type(e).__name__}: {e}); "
                         "save it with numpy.savez") from None
 
-    def prep(x):
+    def prep(x, key):
         x = np.asarray(x)
+        if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+            raise DataError(f"npz file {path!r}: {key} holds {x.dtype} values, not numbers: save "
+                            "the examples as a numeric array (e.g. uint8 or float32 images)")
         if np.issubdtype(x.dtype, np.integer):
             x = x.astype(np.float32) / float(np.iinfo(x.dtype).max)
         if x.ndim == 3:
@@ -265,11 +279,24 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
 
     def pair(xk, yk):
         if xk in arrays and yk in arrays:
-            x, y = prep(arrays[xk]), np.asarray(arrays[yk]).reshape(-1).astype(np.int64)
+            x, y = prep(arrays[xk], xk), class_ids(arrays[yk], yk)
             if len(x) != len(y):
                 raise DataError(f"npz file {path!r}: {xk} has {len(x)} rows but {yk} has {len(y)}")
             return x, y
         return None
+
+    def class_ids(y, key):
+        y = np.asarray(y).reshape(-1)
+        if np.issubdtype(y.dtype, np.number):
+            as_float = y.astype(np.float64)
+            bad = y[~(np.isfinite(as_float) & (as_float >= 0) & (as_float == np.round(as_float)))]
+        else:
+            bad = y
+        if bad.size:
+            raise DataError(f"npz file {path!r}: {key} holds {y.dtype} labels such as "
+                            f"{bad[0].item()!r}, not class ids 0..N-1: map them to integers "
+                            "(e.g. names, y = np.unique(y, return_inverse=True)) and save again")
+        return y.astype(np.int64)
 
     train = pair("x_train", "y_train")
     if train is not None:
@@ -340,7 +367,19 @@ def load_dataset(name, data_dir=None, *, image_size=(64, 64), input_shape=(8, 8,
 
 
 def batch_dataset(ds, batch_size, *, training, seed=0, drop_remainder=False, shuffle_buffer=10_000):
-    """Shuffles (training only), batches and prefetches an unbatched dataset."""
+    """Shuffles (training only), batches and prefetches an unbatched dataset.
+
+    Raises:
+      ConfigError: `batch_size` or (in training) `shuffle_buffer` is not a positive integer.
+    """
+    from tfaccel.errors import ConfigError
+
+    for name, value in (("batch_size", batch_size), ("shuffle_buffer", shuffle_buffer)):
+        if name == "shuffle_buffer" and not training:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be a positive integer, e.g. "
+                              f"{64 if name == 'batch_size' else 10_000}")
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)

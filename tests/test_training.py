@@ -1,0 +1,116 @@
+"""tfaccel.training: stopping on a NaN/Inf loss (alone and in every recipe), finished runs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import RECIPES, ROOT
+
+from tfaccel import training
+from tfaccel.errors import TfaccelError, TrainingError
+from tfaccel.keras import keras
+
+
+class _Epochs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
+def _fit(x, learning_rate=0.1, dtype=None, epochs=3, activation="tanh"):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)),
+                              keras.layers.Dense(8, activation=activation, dtype=dtype),
+                              keras.layers.Dense(3, dtype=dtype),
+                              keras.layers.Activation("softmax", dtype="float32")])
+    model.compile(keras.optimizers.SGD(learning_rate), "sparse_categorical_crossentropy")
+    y = np.arange(len(x)) % 3
+    counter = _Epochs()
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=epochs, verbose=0,
+              callbacks=[training.StopOnNonFiniteLoss(), counter])
+    return counter
+
+
+def _data():  # (tanh carries a NaN input through; oneDNN's relu turns it into 0)
+    return np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)  # 4 steps per epoch
+
+
+def test_a_finite_loss_trains_every_step():
+    assert _fit(_data()).steps == 12
+
+
+@pytest.mark.parametrize("where, expected", [
+    (9, ("the training loss became nan at epoch 1, step 3 (learning rate 0.1): lower the "
+         "learning rate")),  # example 9 is in batch 3: NaN there, after two updates
+    (0, ("the training loss was nan at the first step (epoch 1, step 1), before any update: "
+         "check the data")),
+])
+def test_nan_in_the_data_stops_fit_at_that_step(where, expected):
+    x = _data()
+    x[where, 0] = np.nan
+    with pytest.raises(TrainingError) as error:
+        _fit(x, epochs=3)
+    assert str(error.value).startswith(expected)
+    assert isinstance(error.value, TfaccelError)  # recipes turn it into one line and exit 2
+
+
+def test_a_huge_learning_rate_stops_fit_naming_the_rate():
+    with pytest.raises(TrainingError, match=r"became (nan|inf) at epoch \d+, step \d+ "
+                                            r"\(learning rate 1e\+30\): lower the learning rate"):
+        _fit(_data(), learning_rate=1e30, epochs=20, activation="relu")
+
+
+def test_float16_without_loss_scaling_is_named_first():
+    x = _data()
+    x[6, 1] = np.nan
+    with pytest.raises(TrainingError, match=r"at epoch 1, step 2 .*: use loss scaling for "
+                                            r"float16 \(tfaccel.precision.wrap_optimizer\)"):
+        _fit(x, dtype="mixed_float16")
+
+
+def test_finished_run_needs_metrics_and_every_export(tmp_path):
+    assert training.read_finished_run(tmp_path) is None
+    (tmp_path / "model.keras").write_bytes(b"x")
+    (tmp_path / "saved_model").mkdir()
+    assert training.read_finished_run(tmp_path) is None  # exports without metrics: unfinished
+    (tmp_path / "metrics.json").write_text("{\"test_accuracy\": 0.5")
+    assert training.read_finished_run(tmp_path) is None  # not valid JSON
+    (tmp_path / "metrics.json").write_text(json.dumps({"test_accuracy": 0.5}))
+    assert training.read_finished_run(tmp_path) == {"test_accuracy": 0.5}
+    (tmp_path / "model.keras").unlink()
+    assert training.read_finished_run(tmp_path) is None
+    assert training.read_finished_run(tmp_path / "metrics.json") is None  # a file, not a dir
+
+
+# --- Every recipe stops on a diverging loss: one line, exit 2, no result written.
+
+@pytest.mark.parametrize("recipe, args, result_files", [
+    ("train", ["--epochs=3"], ["metrics.json", "model.keras", "saved_model"]),
+    pytest.param("prune", ["--epochs=2", "--prune_epochs=1"], ["report.json", "report.md"],
+                 marks=pytest.mark.slow),
+    pytest.param("optimize", ["--epochs=2"], ["report.json", "report.md"],
+                 marks=pytest.mark.slow),
+])
+def test_recipe_stops_on_a_diverging_loss(tmp_path, recipe, args, result_files):
+    model_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, os.path.join(RECIPES, f"{recipe}.py"), *args,
+                           "--learning_rate=1e8", f"--model_dir={model_dir}"], env=env, cwd=ROOT,
+                          text=True, capture_output=True, timeout=300, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert "the training loss became" in errors[0] and "lower the learning rate" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert "Epoch 2/" not in proc.stdout  # stopped in the first epoch, not run to the end
+    written = {os.path.relpath(os.path.join(d, f), model_dir)
+               for d, _, files in os.walk(model_dir) for f in files}
+    assert not [f for f in result_files if (model_dir / f).exists()], sorted(written)
