@@ -140,21 +140,9 @@ def define_distribute_flags():
                         module_name=DISTRIBUTION)
 
 
-def _example(name):
-    default = FLAGS[name].default if name in FLAGS else None
-    return f", e.g. --{name}={','.join(map(str, default))}" if default else ""
-
-
-def _ints(values, name):
-    text = ",".join(map(str, values))
-    try:
-        ints = tuple(int(v) for v in values)
-    except ValueError:
-        raise ConfigError(f"--{name}={text} must be comma-separated integers"
-                          f"{_example(name)}") from None
-    if not ints or any(i <= 0 for i in ints):
-        raise ConfigError(f"--{name}={text} must be positive integers{_example(name)}")
-    return ints
+def int_list(values):
+    """The integers of a list flag that `require_ints` checked when the flags were parsed."""
+    return tuple(int(v) for v in values)
 
 
 def load_data():
@@ -164,8 +152,8 @@ def load_data():
     return load_dataset(
         FLAGS.dataset,
         FLAGS.data_dir,
-        image_size=_ints(FLAGS.image_size, "image_size"),
-        input_shape=_ints(FLAGS.synthetic_shape, "synthetic_shape"),
+        image_size=int_list(FLAGS.image_size),
+        input_shape=int_list(FLAGS.synthetic_shape),
         num_classes=FLAGS.synthetic_classes,
         num_examples=FLAGS.synthetic_examples,
         seed=FLAGS.seed,

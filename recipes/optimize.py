@@ -97,9 +97,7 @@ def main(argv):
                           f"choose from {', '.join(VARIANTS)}")
     variants = ["float"] + [v for v in dict.fromkeys(FLAGS.variants) if v != "float"]
     sparsity = prune.check_sparsity(FLAGS.sparsity, "--sparsity")
-    block = common._ints(FLAGS.prune_block_size, "prune_block_size")
-    if len(block) != 2:
-        raise ConfigError(f"--prune_block_size={','.join(FLAGS.prune_block_size)} must be rows,cols")
+    block = common.int_list(FLAGS.prune_block_size)  # rows,cols: checked with the flags
     strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
                                         collective=FLAGS.collective)
     drop = distribute.needs_drop_remainder(strategy)
@@ -129,7 +127,8 @@ def main(argv):
                                           prune_configs=[config for _, config, _ in stages])
     # Outputs go to <model_dir>/.partial and move up into --model_dir (report files last) only
     # when the run is complete: a failed or killed run leaves no half-set that looks like one.
-    final_dir = common.default_model_dir("optimize-")
+    # Only the chief writes to --model_dir; other workers write to a temporary directory.
+    final_dir = distribute.worker_output_dir(common.default_model_dir("optimize-"), strategy)
     model_dir = os.path.join(final_dir, ".partial")
     logdir = os.path.join(model_dir, "logs")
     train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
@@ -157,7 +156,8 @@ def main(argv):
             print(f"--- {stage}: {epochs} epochs, learning rate {rate}")
             m.fit(train_ds, epochs=epochs, verbose=2, callbacks=[
                 training.StopOnNonFiniteLoss(), *callbacks,
-                keras.callbacks.TensorBoard(os.path.join(logdir, stage))])
+                summaries.LearningRateLogger(os.path.join(logdir, stage, "train")),
+                summaries.TensorBoard(os.path.join(logdir, stage))])
         return m
 
     def predictions(m):

@@ -71,7 +71,7 @@ def prune_config():
     from tfaccel.prune import PruneConfig
 
     def ints(values, name):
-        return tuple(common._ints(values, name)) if values else None
+        return common.int_list(values) if values else None
 
     return PruneConfig(
         schedule=FLAGS.pruning_schedule, begin_epoch=FLAGS.begin_epoch, end_epoch=FLAGS.end_epoch,
@@ -153,9 +153,11 @@ def main(argv):
     elif FLAGS.epochs:
         with strategy.scope():
             compile_for(model, learning_rate)
+        baseline_logdir = os.path.join(logdir, "baseline")
         model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, verbose=2,
                   callbacks=[training.StopOnNonFiniteLoss(),
-                             keras.callbacks.TensorBoard(os.path.join(logdir, "baseline"))])
+                             summaries.LearningRateLogger(os.path.join(baseline_logdir, "train")),
+                             summaries.TensorBoard(baseline_logdir)])
     with strategy.scope():
         compile_for(model, learning_rate)
     baseline = training.evaluate(model, test_ds)
@@ -173,14 +175,15 @@ def main(argv):
     with strategy.scope():
         pruned, callbacks = prune.prune_to_sparsity(
             model, target, FLAGS.prune_epochs, steps, config,
-            log_dir=os.path.join(logdir, "pruning"), backup_dir=backup_dir, backup_freq=backup_freq,
-            delete_backup_after_fit=False)  # removed once the report is written
+            log_dir=os.path.join(logdir, "pruning"), backup_dir=backup_dir,
+            backup_freq=backup_freq, delete_backup_after_fit=False)  # removed after the report
         compile_for(pruned, prune_lr)
     logger = callbacks[-1]
     start = time.perf_counter()
     pruned.fit(train_ds, validation_data=val_ds, epochs=FLAGS.prune_epochs, verbose=2,
                callbacks=[training.StopOnNonFiniteLoss(), *callbacks,
-                          keras.callbacks.TensorBoard(logdir, update_freq="epoch")])
+                          summaries.LearningRateLogger(os.path.join(logdir, "train")),
+                          summaries.TensorBoard(logdir, update_freq="epoch")])
     prune_seconds = time.perf_counter() - start
     final_step = prune.pruning_step(pruned)
 

@@ -95,6 +95,7 @@ def main(argv):
     # A finished run (metrics.json, written last, and the exports) is not trained again unless
     # asked; every worker reads the same directory, so all of them decide alike.
     finished = training.read_finished_run(common.default_model_dir())
+    distribute.barrier(strategy)  # every worker has read it before the chief may change it
     backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
     if finished is not None and not FLAGS.retrain:
         if distribute.is_chief(strategy):
@@ -103,9 +104,11 @@ def main(argv):
               f"{finished.get('test_accuracy', float('nan')):.4f} in metrics.json): not training "
               "again; pass --retrain (or another --model_dir) to train again")
         return
-    if finished is not None and distribute.is_chief(strategy):  # --retrain
-        resume.remove_backup(backup_dir)
-        os.remove(os.path.join(common.default_model_dir(), "metrics.json"))
+    if finished is not None:  # --retrain
+        if distribute.is_chief(strategy):
+            resume.remove_backup(backup_dir)
+            os.remove(os.path.join(common.default_model_dir(), "metrics.json"))
+        distribute.barrier(strategy)  # no worker may restore the stale backup before it is gone
     splits = common.load_data()
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")

@@ -259,6 +259,18 @@ def test_two_worker_digits_run_reaches_band_and_only_chief_writes(tmp_path):
     # Worker 1 wrote to a temporary directory, removed when it exited.
     other = re.search(r"^\[worker 1\] wrote (\S+):", proc.stdout, re.MULTILINE).group(1)
     assert other != str(model_dir) and not os.path.exists(other)
+    # Rerun: every worker reads the finished run alike and trains nothing; --retrain trains
+    # again on both (the chief's cleanup and the workers' reads kept apart by a barrier).
+    before = (model_dir / "metrics.json").read_text()
+    again = _run_launcher(2, ["--strategy=multi_worker", "--epochs=8", f"--model_dir={model_dir}"])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("holds a finished run") == 2 and "Epoch 1/" not in again.stdout
+    assert (model_dir / "metrics.json").read_text() == before
+    retrained = _run_launcher(2, ["--strategy=multi_worker", "--epochs=1", "--retrain",
+                                  f"--model_dir={model_dir}"])
+    assert retrained.returncode == 0, retrained.stdout[-3000:] + retrained.stderr[-3000:]
+    assert retrained.stdout.count("starting from epoch 1") == 2
+    assert json.loads((model_dir / "metrics.json").read_text())["epochs"] == 1
 
 
 @pytest.mark.slow

@@ -2,14 +2,12 @@
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-import numpy as np
 import pytest
 
 from conftest import run_recipe
@@ -140,7 +138,7 @@ def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
 
 @pytest.mark.slow
 def test_keras3_model_file_gets_the_keras_error(tmp_path):
-    import keras as keras3  # noqa: keras -- the wrong Keras, on purpose
+    import keras as keras3  # the wrong Keras, on purpose
 
     path = tmp_path / "k3.keras"
     inputs = keras3.Input((8, 8, 1))
@@ -197,3 +195,16 @@ def test_help_lists_every_tfaccel_flag_grouped(name, help_flag):
         for line in module_block.splitlines():
             if line.startswith("  --"):
                 assert line.split(":")[0].strip().replace("--[no]", "--") in listed, line
+
+
+def test_trains_and_exports_a_subclassed_model_fn(tmp_path):
+    # A subclassed model has no input_shape until called; the fit check calls it instead.
+    model_dir = tmp_path / "run"
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = run_recipe("train", "--model_fn=user_models:subclassed", "--epochs=3",
+                      f"--model_dir={model_dir}", env={"PYTHONPATH": tests_dir})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["model"] == "subclassed" and metrics["test_accuracy"] > 0.25  # chance: 0.1
+    assert (model_dir / "saved_model" / "saved_model.pb").exists()

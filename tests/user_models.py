@@ -39,3 +39,19 @@ def functional_resnet(input_shape, num_classes):
     x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
     outputs = keras.layers.Dense(num_classes, activation="softmax", name="classes")(x)
     return keras.Model(inputs, outputs, name="functional_resnet")
+
+
+class _TinySubclassed(keras.Model):
+    def __init__(self, num_classes):
+        super().__init__(name="tiny_subclassed")
+        self.flatten = keras.layers.Flatten()
+        self.hidden = keras.layers.Dense(32, activation="relu")
+        self.out = keras.layers.Dense(num_classes, activation="softmax")
+
+    def call(self, inputs):
+        return self.out(self.hidden(self.flatten(inputs)))
+
+
+def subclassed(input_shape, num_classes):
+    """A subclassed model (no input shape until it is called)."""
+    return _TinySubclassed(num_classes)

@@ -64,18 +64,19 @@ _EXPORTS = {
     "tfaccel.prune": ["PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity",
                       "strip_pruning", "make_pruning_schedule", "load_pruned_model"],
     "tfaccel.sparsity": ["sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger"],
-    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "check_quantize_aware", "flatten_model",
-                         "unsupported_layers"],
+    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "check_quantize_aware",
+                         "flatten_model", "unsupported_layers"],
     "tfaccel.tflite": ["convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
                        "tflite_sizes", "prediction_agreement", "weight_sparsity"],
     "tfaccel.report": ["write_report", "comparison_rows"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors", "choices", "quiet"}
+_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors",
+                                                          "choices", "quiet"}
 
 __all__ = sorted(
-    [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "TrainingError", "UnsupportedLayerError",
-     "WrongKerasError"])
+    [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "TrainingError",
+     "UnsupportedLayerError", "WrongKerasError"])
 
 
 def __getattr__(name):

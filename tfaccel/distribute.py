@@ -30,7 +30,7 @@ import tempfile
 import tensorflow as tf
 
 from tfaccel.choices import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES
-from tfaccel.errors import ConfigError
+from tfaccel.errors import ConfigError, first_line
 
 LAUNCHER_HINT = ("run it under `tfaccel launch --workers N -- <command>` on one machine, or set "
                  "TF_CONFIG (or run under Slurm) on a cluster")
@@ -285,8 +285,7 @@ def make_strategy(name="auto", *, cross_device_ops="auto", collective="auto",
         tf.config.experimental_connect_to_cluster(tpu_resolver)
         tf.tpu.experimental.initialize_tpu_system(tpu_resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"strategy 'tpu': no TPU found ({first}): pick another strategy, "
+        raise ConfigError(f"strategy 'tpu': no TPU found ({first_line(e)}): pick another strategy, "
                           "e.g. 'auto'") from None
     return tf.distribute.TPUStrategy(tpu_resolver)
 
@@ -299,6 +298,25 @@ def num_workers(strategy):
 def is_chief(strategy):
     """True in the process that writes logs, checkpoints, exports and reports."""
     return bool(strategy.extended.should_checkpoint)
+
+
+def barrier(strategy):
+    """Returns once every worker has called it (one tiny all-reduce); at once on one worker.
+
+    For a decision one worker acts on and the others must see done, e.g. the chief
+    removing a stale backup before every worker's `BackupAndRestore` reads it.
+    """
+    if num_workers(strategy) <= 1:
+        return
+
+    def one():
+        return tf.constant(1.0)
+
+    @tf.function  # eager collectives warn of their overhead
+    def all_reduce():
+        return strategy.reduce("SUM", strategy.run(one), axis=None)
+
+    all_reduce()
 
 
 def per_replica_batch_size(global_batch_size, num_replicas):

@@ -18,7 +18,7 @@ import os
 import traceback
 
 from tfaccel.choices import MODELS
-from tfaccel.errors import ModelError, WrongKerasError
+from tfaccel.errors import ModelError, WrongKerasError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
 MODEL_FILE_HINT = "a .keras/.h5 file or a SavedModel directory"
@@ -141,10 +141,7 @@ def load_model_file(path, compile=False):
     try:
         model = keras.models.load_model(path, compile=compile)
     except Exception as e:  # loaders raise many types for a bad file
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if len(first) > 200:
-            first = first[:200] + "..."
-        raise ModelError(f"cannot load model {path!r} ({first}): give {MODEL_FILE_HINT} "
+        raise ModelError(f"cannot load model {path!r} ({first_line(e)}): give {MODEL_FILE_HINT} "
                          "saved by tf_keras") from None
     if not isinstance(model, keras.Model):
         raise ModelError(f"{path!r} holds a {type(model).__name__}, not a Keras model: save it "
@@ -210,13 +207,9 @@ def model_from_fn(spec, input_shape, num_classes):
 
 
 def _first_line(error):
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    first = lines[0] if lines else ""
-    if first.startswith("Exception encountered when calling layer") and len(lines) > 1:
-        first = lines[1]  # Keras's wrapper line; the cause follows it
-    if len(first) > 200:
-        first = first[:200] + "..."
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+    """'TypeName: first line' of an exception raised by the user's code."""
+    first = first_line(error)
+    return first if first == type(error).__name__ else f"{type(error).__name__}: {first}"
 
 
 def _where(error, fn):

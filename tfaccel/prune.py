@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
 SCHEDULES = ("polynomial", "constant")
@@ -487,8 +487,7 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     try:
         pruned = _rebuild(model, set(plan.pruned), wrap)
     except ValueError as e:
-        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ModelError(f"TF-MOT cannot prune {model.name!r}: {first}") from None
+        raise ModelError(f"TF-MOT cannot prune {model.name!r}: {first_line(e)}") from None
     _use_float32_pruning(pruned)
     target = config.m_by_n[0] / config.m_by_n[1] if config.m_by_n else target_sparsity
     logging.info("pruning %s to %.0f%%: %s; left dense: %s", model.name, 100 * target,

@@ -36,7 +36,7 @@ import dataclasses
 import tensorflow as tf
 from absl import logging
 
-from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
 SCHEMES = ("default", "prune_preserve")
@@ -355,9 +355,8 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
             with tfmot.quantization.keras.quantize_scope({"NoOpQuantizeConfig": no_op}):
                 return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
         except (RuntimeError, ValueError) as e:  # e.g. a custom layer without a QuantizeConfig
-            first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
             raise UnsupportedLayerError(
-                f"TF-MOT cannot quantize {model.name!r}: {first}; skip the layer it names "
+                f"TF-MOT cannot quantize {model.name!r}: {first_line(e)}; skip the layer it names "
                 "(skip_layers=[...]) or quantize only a subset (only_layers=[...])") from None
 
 

@@ -57,7 +57,9 @@ def sparsity_report(model, layer_names=None):
         default: the wrapped layers of a pruned model, or, in a stripped or
         loaded one, the layers whose kernels are more than 1% exact zeros
         (float weights that were not masked hold almost none: a random init
-        gives about one per 8 million).
+        gives about one per 8 million). That reading is a guess from the
+        weights: a kernel pruned to under 1% or one zero-initialized or made
+        sparse by L1 is misjudged, so pass the names when you have them.
 
     Returns:
       {'layers': [{'layer', 'shape', 'weights', 'zeros', 'sparsity', 'pruned'}],

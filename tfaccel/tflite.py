@@ -31,7 +31,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.errors import ConfigError, DataError, ModelError
+from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import file_size, gzipped_size, write_bytes
 from tfaccel.keras import ensure_tf_keras, keras
 
@@ -163,8 +163,8 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
     try:
         flatbuffer = converter.convert()
     except (ConverterError, ValueError, RuntimeError, TypeError) as e:  # keep one readable line
-        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: {first}; "
+        raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: "
+                         f"{first_line(e)}; "
                          "try mode='float' or 'dynamic', or replace the unsupported op") from None
     write_bytes(path, flatbuffer)
     return path
@@ -189,7 +189,7 @@ def make_interpreter(model, num_threads=None):
         interpreter = Interpreter(**source, num_threads=num_threads)
     except ValueError as e:
         raise ModelError(f"cannot load TFLite model {source.get('model_path', '<bytes>')!r}: "
-                         f"{str(e).splitlines()[0]}; give a .tflite file written by "
+                         f"{first_line(e)}; give a .tflite file written by "
                          "convert_to_tflite") from None
     try:
         interpreter.allocate_tensors()

@@ -128,16 +128,16 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self._epoch = 0
-        self._first_step = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        first, self._first_step = self._first_step, False
         if loss is None or math.isfinite(float(loss)):
             return
+        # The model's first update ever (not this process's: a resumed run counts on).
+        first = int(self.model.optimizer.iterations) <= 1
         raise TrainingError(self._message(float(loss), batch, first))
 
     def _message(self, loss, batch, first):

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfaccel.data import augment
-from tfaccel.errors import DataError
+from tfaccel.errors import DataError, first_line
 
 log = logging.getLogger("tfaccel")
 
@@ -111,8 +111,7 @@ class TFRecordScan:
 
 
 def _parse_error_text(error):
-    text = str(getattr(error, "message", error)).strip().splitlines()[0]
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", first_line(error, limit=1000))
     return re.sub(r"\s*\[Op:\w+\].*$", "", text)[:200]
 
 
