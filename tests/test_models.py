@@ -5,6 +5,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from user_models import TinySubclassed
 
 import tfaccel
 from tfaccel import models
@@ -110,26 +111,16 @@ def test_model_fn_failures_are_the_users_function_in_one_line(tmp_path, monkeypa
     sys.modules.pop("broken_models", None)
 
 
-class _Subclassed(keras.Model):
-    def __init__(self, num_classes):
-        super().__init__()
-        self.flat = keras.layers.Flatten()
-        self.out = keras.layers.Dense(num_classes, activation="softmax")
-
-    def call(self, x):
-        return self.out(self.flat(x))
-
-
 def test_subclassed_model_is_checked_by_calling_it():
-    model = _Subclassed(10)
+    model = TinySubclassed(10)
     assert not models.is_graph_model(model) and models.is_graph_model(models.build_model(
         "mlp", (8, 8, 1), 10))
     assert models.check_model_fits(model, (8, 8, 1), 10) is model  # no AttributeError
     assert model.built
     with pytest.raises(tfaccel.ModelError, match="outputs 3 classes but the dataset has 10"):
-        models.check_model_fits(_Subclassed(3), (8, 8, 1), 10)
+        models.check_model_fits(TinySubclassed(3), (8, 8, 1), 10)
 
-    class TakesVectors(_Subclassed):
+    class TakesVectors(TinySubclassed):
         def call(self, x):
             if len(x.shape) != 2:
                 raise ValueError(f"expected vectors, got rank {len(x.shape)}")

@@ -41,7 +41,7 @@ def functional_resnet(input_shape, num_classes):
     return keras.Model(inputs, outputs, name="functional_resnet")
 
 
-class _TinySubclassed(keras.Model):
+class TinySubclassed(keras.Model):
     def __init__(self, num_classes):
         super().__init__(name="tiny_subclassed")
         self.flatten = keras.layers.Flatten()
@@ -54,4 +54,4 @@ class _TinySubclassed(keras.Model):
 
 def subclassed(input_shape, num_classes):
     """A subclassed model (no input shape until it is called)."""
-    return _TinySubclassed(num_classes)
+    return TinySubclassed(num_classes)
