@@ -53,6 +53,16 @@ FLAGS.set_default("lr_schedule", "cosine")
 flags.DEFINE_list("variants", ["float", "dynamic", "int8", "qat_int8", "pruned_qat_int8"],
                   f"Variants to build and compare: {', '.join(VARIANTS)} (float is always built: "
                   "the baseline of the ratios).")
+
+
+def _check_variants(values):
+    unknown = [v for v in values if v not in VARIANTS]
+    if unknown or not values:
+        raise common.ConfigError(f"--variants={','.join(values)}: unknown {', '.join(unknown)}; "
+                                 f"choose from {', '.join(VARIANTS)}")
+
+
+common.check_flag("variants", _check_variants)
 flags.DEFINE_float("sparsity", 0.8, "pruned_qat_int8: share of zeros in the pruned layers.")
 flags.DEFINE_integer("prune_epochs", 8, "pruned_qat_int8: epochs of pruning (ramp to --sparsity).",
                      lower_bound=1)
@@ -85,16 +95,11 @@ def main(argv):
     import numpy as np
 
     from tfaccel import data, io, prune, quantize, report, summaries, tflite, training
-    from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
     from tfaccel.models import is_model_path
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)
-    unknown = [v for v in FLAGS.variants if v not in VARIANTS]
-    if unknown or not FLAGS.variants:
-        raise ConfigError(f"--variants={','.join(FLAGS.variants)}: unknown {', '.join(unknown)}; "
-                          f"choose from {', '.join(VARIANTS)}")
     variants = ["float"] + [v for v in dict.fromkeys(FLAGS.variants) if v != "float"]
     sparsity = prune.check_sparsity(FLAGS.sparsity, "--sparsity")
     block = common.int_list(FLAGS.prune_block_size)  # rows,cols: checked with the flags

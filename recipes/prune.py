@@ -41,6 +41,7 @@ flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning "
                    "(default: --learning_rate; a tenth of it recovered less accuracy here).",
                    lower_bound=0.0)
 flags.DEFINE_string("pruning_schedule", "polynomial", "polynomial (ramp up) or constant.")
+common.check_choice("pruning_schedule", "pruning schedule", common.choices.PRUNING_SCHEDULES)
 flags.DEFINE_float("begin_epoch", 0.0, "Fine-tuning epoch where pruning starts.")
 flags.DEFINE_float("end_epoch", None, "Epoch where the ramp reaches --sparsity "
                    "(default: two thirds of --prune_epochs).")
@@ -54,7 +55,10 @@ flags.DEFINE_list("block_size", ["1", "1"], "rows,cols of weight blocks pruned t
                   "kernels; convolutions are pruned element-wise).")
 common.require_ints("block_size", "rows,cols: two positive integers", count=2)
 flags.DEFINE_string("block_pooling", "AVG", "AVG or MAX: a block's magnitude.")
-flags.DEFINE_string("pruning_policy", None, "xnnpack: prune only 1x1 convolutions XNNPACK runs sparse.")
+common.check_choice("block_pooling", "block pooling", common.choices.BLOCK_POOLINGS)
+flags.DEFINE_string("pruning_policy", None, "xnnpack: prune only 1x1 convolutions XNNPACK runs "
+                    "sparse.")
+common.check_choice("pruning_policy", "pruning policy", common.choices.PRUNING_POLICIES)
 flags.DEFINE_list("include_layers", [], "Layer names or classes to prune (default: automatic).")
 flags.DEFINE_list("exclude_layers", [], "Layer names or classes never to prune.")
 flags.DEFINE_integer("min_weights", 2048, "Leave layers with fewer weights dense.", lower_bound=0)

@@ -44,11 +44,10 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tfaccel.choices import BLOCK_POOLINGS, PRUNING_POLICIES, PRUNING_SCHEDULES
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
-SCHEDULES = ("polynomial", "constant")
-POLICIES = ("xnnpack",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +153,9 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
     """
     target = check_sparsity(target_sparsity)
     initial = check_sparsity(config.initial_sparsity, "initial_sparsity")
-    if config.schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={config.schedule!r}: use one of {', '.join(SCHEDULES)}")
+    if config.schedule not in PRUNING_SCHEDULES:
+        raise ConfigError(f"schedule={config.schedule!r}: use one of "
+                          f"{', '.join(PRUNING_SCHEDULES)}")
     if int(epochs) < 1 or int(steps_per_epoch) < 1:
         raise ConfigError(f"epochs={epochs} and steps_per_epoch={steps_per_epoch} must be >= 1: "
                           "pruning needs fine-tuning steps")
@@ -259,10 +259,11 @@ def _check_config(config):
             raise ConfigError("m_by_n and block_size cannot be combined: pick one pattern")
     if len(tuple(config.block_size)) != 2 or min(config.block_size) < 1:
         raise ConfigError(f"block_size={config.block_size!r} must be two positive integers")
-    if config.block_pooling not in ("AVG", "MAX"):
+    if config.block_pooling not in BLOCK_POOLINGS:
         raise ConfigError(f"block_pooling={config.block_pooling!r}: use 'AVG' or 'MAX'")
-    if config.policy not in (None,) + POLICIES:
-        raise ConfigError(f"policy={config.policy!r}: use None or one of {', '.join(POLICIES)}")
+    if config.policy not in (None, *PRUNING_POLICIES):
+        raise ConfigError(f"policy={config.policy!r}: use None or one of "
+                          f"{', '.join(PRUNING_POLICIES)}")
 
 
 def check_prunable_model(model):
