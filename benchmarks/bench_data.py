@@ -79,14 +79,17 @@ def synthetic_jpegs(tf_records_prefix, count, size, shards):
     rng = np.random.default_rng(0)
     coarse = rng.integers(0, 256, (count, size // 16, size // 16, 3), dtype=np.uint8)
     images = np.repeat(np.repeat(coarse, 16, axis=1), 16, axis=2)
-    images = np.clip(images.astype(np.int16) + rng.integers(-12, 13, images.shape), 0, 255).astype(np.uint8)
-    return write_image_tfrecords(tf_records_prefix, images, np.arange(count) % 10, num_shards=shards)
+    images = np.clip(images.astype(np.int16) + rng.integers(-12, 13, images.shape),
+                     0, 255).astype(np.uint8)
+    return write_image_tfrecords(tf_records_prefix, images, np.arange(count) % 10,
+                                 num_shards=shards)
 
 
 def _parse_decode_resize(size):
     import tensorflow as tf
 
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64)}
+    spec = {"image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
 
     def fn(record):
         parsed = tf.io.parse_single_example(record, spec)
@@ -134,7 +137,8 @@ def hand_optimized_pipeline(files, size, batch, one_intra_op_thread=True, autotu
 def tfaccel_pipeline(data_dir, size, batch, training=False):
     from tfaccel.data import PipelineConfig, build_pipeline, load_tfrecord
 
-    splits = load_tfrecord(data_dir, image_size=(size, size), validation_fraction=0, test_fraction=0)
+    splits = load_tfrecord(data_dir, image_size=(size, size), validation_fraction=0,
+                           test_fraction=0)
     config = PipelineConfig(batch_size=batch, standardize=True, cache="auto")
     return build_pipeline(splits.train, config, training=training, info=splits.info,
                           num_examples=splits.info.num_examples["train"])
@@ -156,8 +160,8 @@ def epoch_rate(dataset):
     last = time.perf_counter()
     del iterator  # the only reference: the iterator is destroyed here
     end = time.perf_counter()
-    return {"rate": images / (end - start), "steady": images / (last - start), "teardown": end - last,
-            "images": images}
+    return {"rate": images / (end - start), "steady": images / (last - start),
+            "teardown": end - last, "images": images}
 
 
 def main(argv):
@@ -176,8 +180,9 @@ def main(argv):
     files = synthetic_jpegs(os.path.join(data_dir, "train"), FLAGS.num_images, FLAGS.source_size,
                             FLAGS.shards)
     size, batch = FLAGS.image_size, FLAGS.batch_size
-    names = ("serial", "serial, intra-op threads on", "hand-optimized", "hand-optimized, intra-op threads on",
-             "hand-optimized, autotune thread off", "tfaccel", "tfaccel cached",
+    names = ("serial", "serial, intra-op threads on", "hand-optimized",
+             "hand-optimized, intra-op threads on", "hand-optimized, autotune thread off",
+             "tfaccel", "tfaccel cached",
              "tfaccel training mode", "tfaccel training mode cached")
 
     def builder(training):
@@ -186,7 +191,8 @@ def main(argv):
 
     jobs = [
         lambda: {"serial": epoch_rate(serial_pipeline(files, size, batch))},
-        lambda: {"serial, intra-op threads on": epoch_rate(serial_pipeline(files, size, batch, False))},
+        lambda: {"serial, intra-op threads on": epoch_rate(
+            serial_pipeline(files, size, batch, False))},
         lambda: {"hand-optimized": epoch_rate(hand_optimized_pipeline(files, size, batch))},
         lambda: {"hand-optimized, intra-op threads on": epoch_rate(
             hand_optimized_pipeline(files, size, batch, one_intra_op_thread=False))},
@@ -202,32 +208,39 @@ def main(argv):
         for job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:  # rotate: no pipeline always first
             for name, result in job().items():
                 if result["images"] != FLAGS.num_images:
-                    raise SystemExit(f"{name} read {result['images']} images, not {FLAGS.num_images}")
+                    raise SystemExit(f"{name} read {result['images']} images, "
+                                     f"not {FLAGS.num_images}")
                 runs[name].append(result)
         loads.append((load_before, os.getloadavg()[0]))
-        print(f"round {r + 1}/{FLAGS.repeats}: " + ", ".join(f"{n} {runs[n][-1]['rate']:,.0f}" for n in names)
+        print(f"round {r + 1}/{FLAGS.repeats}: "
+              + ", ".join(f"{n} {runs[n][-1]['rate']:,.0f}" for n in names)
               + f" images/s (1-min load average {loads[-1][0]:.1f} -> {loads[-1][1]:.1f} on "
               f"{os.cpu_count()} cores)", flush=True)
 
     best = {n: max(v["rate"] for v in vs) for n, vs in runs.items()}
     steady = {n: max(v["steady"] for v in vs) for n, vs in runs.items()}
     ratios = {"tfaccel / serial": best["tfaccel"] / best["serial"],
-              "tfaccel / serial, steady (up to the last batch)": steady["tfaccel"] / steady["serial"],
+              "tfaccel / serial, steady (up to the last batch)":
+                  steady["tfaccel"] / steady["serial"],
               "tfaccel / hand-optimized": best["tfaccel"] / best["hand-optimized"],
               "hand-optimized / serial": best["hand-optimized"] / best["serial"],
               "tfaccel cached / tfaccel first epoch": best["tfaccel cached"] / best["tfaccel"]}
     rows = [{"pipeline": n, "best images/s": round(best[n]), "vs serial": best[n] / best["serial"],
              "best steady images/s": round(steady[n]),
-             "median teardown ms": round(1000 * float(np.median([v["teardown"] for v in runs[n]]))),
+             "median teardown ms":
+                 round(1000 * float(np.median([v["teardown"] for v in runs[n]]))),
              "runs": ", ".join(f"{v['rate']:,.0f}" for v in runs[n])} for n in names]
-    checks = [{"target": f"{k} >= {t}", "measured": ratios[k], "met": ratios[k] >= t} for k, t in TARGETS]
-    table = summaries.markdown_table(rows, ["pipeline", "best images/s", "vs serial", "best steady images/s",
-                                            "median teardown ms", "runs"])
+    checks = [{"target": f"{k} >= {t}", "measured": ratios[k], "met": ratios[k] >= t}
+              for k, t in TARGETS]
+    table = summaries.markdown_table(rows, ["pipeline", "best images/s", "vs serial",
+                                            "best steady images/s", "median teardown ms", "runs"])
     check_table = summaries.markdown_table(checks, ["target", "measured", "met"]) + "\n\n" + \
-        summaries.markdown_table([{"ratio": k, "value": v} for k, v in ratios.items()], ["ratio", "value"])
+        summaries.markdown_table([{"ratio": k, "value": v} for k, v in ratios.items()],
+                                 ["ratio", "value"])
     in_effect = memory.pooled_host_allocator_active() == (FLAGS.host_allocator == "pooled")
-    header = (f"{FLAGS.num_images} JPEGs {FLAGS.source_size}px -> decode, resize {size}, standardize, "
-              f"batch {batch}; best of {FLAGS.repeats} full epochs (iterator made to iterator destroyed); "
+    header = (f"{FLAGS.num_images} JPEGs {FLAGS.source_size}px -> decode, resize {size}, "
+              f"standardize, batch {batch}; best of {FLAGS.repeats} full epochs "
+              f"(iterator made to iterator destroyed); "
               f"{os.cpu_count()} cores; host allocator {FLAGS.host_allocator}"
               f"{'' if in_effect else ' (NOT IN EFFECT)'}")
     print("\n" + header + "\n\n" + table + "\n\n" + check_table)
@@ -237,13 +250,15 @@ def main(argv):
                   {"config": {k: FLAGS[k].value for k in ("num_images", "source_size", "image_size",
                                                           "batch_size", "shards", "repeats",
                                                           "host_allocator")},
-                   "runs": runs, "best": best, "best_steady": steady, "ratios": ratios, "targets": checks,
+                   "runs": runs, "best": best, "best_steady": steady, "ratios": ratios,
+                   "targets": checks,
                    "load_average": loads,
                    "command": " ".join(["python", *sys.argv])})
     png = os.path.join(out, "bench_data.png")
     _plot(png, names, best, header)
     logdir = os.path.join(out, "logs")
-    summaries.write_text(logdir, "bench_data/report", header + "\n\n" + table + "\n\n" + check_table)
+    summaries.write_text(logdir, "bench_data/report",
+                         header + "\n\n" + table + "\n\n" + check_table)
     summaries.write_scalars(logdir, {f"bench_data/{n.replace(' ', '_')}_images_per_sec": best[n]
                                      for n in names})
     summaries.write_png(logdir, "bench_data/plot", png)
@@ -261,8 +276,9 @@ def _plot(path, names, best, title):
 
     fig, ax = plt.subplots(figsize=(8, 4))
     values = [best[n] for n in names]
-    ax.barh(names[::-1], values[::-1], color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860", "#ccb974",
-                                              "#64b5cd", "#999999", "#dd8452"][: len(names)][::-1])
+    ax.barh(names[::-1], values[::-1], color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860",
+                                              "#ccb974", "#64b5cd", "#999999",
+                                              "#dd8452"][: len(names)][::-1])
     for i, v in enumerate(values[::-1]):
         ax.text(v, i, f" {v:,.0f}", va="center")
     ax.set_xscale("log")  # first epochs (~10^3) and cached ones (~10^4-10^5) on one axis

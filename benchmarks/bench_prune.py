@@ -1,4 +1,5 @@
-"""Pruning the digits CNN to 80%: accuracy, measured sparsity and gzipped size vs unpruned, over seeds.
+"""Pruning the digits CNN to 80%: accuracy, measured sparsity and gzipped size vs unpruned,
+over seeds.
 
     python benchmarks/bench_prune.py                       # seeds 0,1,2, the recipe's defaults
     python benchmarks/bench_prune.py --seeds=0,1,2,3,4 --out_dir=runs/bench_prune

@@ -33,7 +33,8 @@ from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
-flags.DEFINE_string("report", None, "An existing report.json to check instead of running the recipe.")
+flags.DEFINE_string("report", None,
+                    "An existing report.json to check instead of running the recipe.")
 flags.DEFINE_string("flagfile_preset", os.path.join(ROOT, "recipes", "presets",
                                                     "optimize_digits_cnn.cfg"), "Preset to run.")
 flags.DEFINE_string("model_dir", None, "Where the recipe writes (default: the preset's).")

@@ -6,8 +6,9 @@
     tensorboard --logdir runs/optimize-digits-cnn/logs --host localhost
 
 A zoo --model is trained for --epochs (cosine learning-rate decay by
-default); a .keras/.h5/SavedModel --model is taken as trained. Then each variant in --variants is built and measured as a
-TFLite file: `float`, `dynamic` (int8 weights), `int8` (full-integer
+default); a .keras/.h5/SavedModel --model is taken as trained. Then each
+variant in --variants is built and measured as a TFLite file: `float`,
+`dynamic` (int8 weights), `int8` (full-integer
 post-training quantization calibrated on --calibration_samples training
 examples), `float16`, `int16x8`, `qat_int8` (quantization-aware fine-tuning,
 then int8) and `pruned_qat_int8` (prune to --sparsity, then prune-preserving
@@ -75,8 +76,8 @@ common.require_ints("prune_block_size", "rows,cols: two positive integers", coun
 flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning (default: "
                    "--learning_rate / 2).", lower_bound=0.0)
 flags.DEFINE_integer("qat_epochs", 3, "Epochs of quantization-aware fine-tuning.", lower_bound=1)
-flags.DEFINE_float("qat_learning_rate", None, "Learning rate of QAT (default: --learning_rate / 10).",
-                   lower_bound=0.0)
+flags.DEFINE_float("qat_learning_rate", None,
+                   "Learning rate of QAT (default: --learning_rate / 10).", lower_bound=0.0)
 flags.DEFINE_list("qat_skip_layers", [], "Layers QAT leaves in float (e.g. unsupported ones).")
 flags.DEFINE_integer("calibration_samples", 200, "int8/int16x8: training examples that calibrate "
                      "activation ranges.", lower_bound=1)

@@ -45,7 +45,8 @@ common.check_choice("pruning_schedule", "pruning schedule", common.choices.PRUNI
 flags.DEFINE_float("begin_epoch", 0.0, "Fine-tuning epoch where pruning starts.")
 flags.DEFINE_float("end_epoch", None, "Epoch where the ramp reaches --sparsity "
                    "(default: two thirds of --prune_epochs).")
-flags.DEFINE_integer("pruning_frequency", None, "Steps between mask updates (default: ~20 per ramp).")
+flags.DEFINE_integer("pruning_frequency", None,
+                     "Steps between mask updates (default: ~20 per ramp).")
 flags.DEFINE_list("m_by_n", [], "e.g. 2,4: at least 2 zeros in every 4 consecutive weights "
                   "(overrides --sparsity with m/n).")
 common.require_ints("m_by_n", "m,n: integers with 0 < m < n (at least m zeros in every n "
@@ -123,7 +124,8 @@ def main(argv):
     steps = data.steps_per_epoch(splits.info.num_examples["train"], FLAGS.batch_size, drop)
     prune.make_pruning_schedule(target, FLAGS.prune_epochs, steps, config)
     model_dir = distribute.worker_output_dir(common.default_model_dir("prune-"), strategy)
-    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir("prune-"), "backup_prune")
+    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir("prune-"),
+                                                  "backup_prune")
     logdir = os.path.join(model_dir, "logs")
     baseline_path = os.path.join(model_dir, "baseline", "model.keras")
     baseline_flags = {k: getattr(FLAGS, k) for k in BASELINE_KEYS}
@@ -231,7 +233,8 @@ def main(argv):
         "prune_seconds": prune_seconds, "optimizer_in_saved_files": False,
         "command": common.command_line(),
     }
-    layer_rows = [{**r, "dense_because": plan.skipped.get(r["layer"], "")} for r in report["layers"]]
+    layer_rows = [{**r, "dense_because": plan.skipped.get(r["layer"], "")}
+                  for r in report["layers"]]
     markdown = "\n\n".join([
         f"# Pruning {results['model']} on {FLAGS.dataset} to {target:.0%}",
         f"`{common.command_line()}`",
@@ -239,9 +242,11 @@ def main(argv):
             {"": "test accuracy", "baseline": baseline["accuracy"], "pruned": result["accuracy"]},
             {"": "sparsity of pruned layers", "baseline": "",
              "pruned": report["pruned"]["sparsity"]},
-            {"": "sparsity of all weights", "baseline": "", "pruned": report["model"]["sparsity"]}]),
+            {"": "sparsity of all weights", "baseline": "",
+             "pruned": report["model"]["sparsity"]}]),
         (f"Accuracy change: {results['accuracy_change_points']:+.2f} points; pruned TFLite "
-         f"(sparse) accuracy: {'not measured' if tflite_accuracy is None else f'{tflite_accuracy:.4f}'}"),
+         f"(sparse) accuracy: "
+         f"{'not measured' if tflite_accuracy is None else f'{tflite_accuracy:.4f}'}"),
         "## Sparsity per layer (measured from the saved weights)",
         summaries.markdown_table(layer_rows, ["layer", "shape", "weights", "zeros", "sparsity",
                                               "pruned", "dense_because"]),

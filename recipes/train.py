@@ -35,7 +35,8 @@ common.define_pipeline_flags()
 common.define_schedule_flags()
 common.define_performance_flags()
 flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input pipeline and the "
-                  "train step alone and say which is the bottleneck (input-bound or compute-bound).")
+                  "train step alone and say which is the bottleneck "
+                  "(input-bound or compute-bound).")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run "
                   "(metrics.json and the exports); without it such a rerun only says so. A backup "
                   "of an unfinished run is still resumed.")
@@ -203,7 +204,8 @@ def main(argv):
         summaries.LearningRateLogger(os.path.join(logdir, "train"), every_n_steps=10),
         throughput,
         summaries.TensorBoard(logdir, update_freq="epoch"),  # learning_rate comes from above
-        keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"),
+        keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "checkpoints",
+                                                     "ckpt-{epoch:03d}.weights.h5"),
                                         save_weights_only=True),
         memory.PeakMemoryLogger(train_logdir),
     ]
@@ -230,7 +232,8 @@ def main(argv):
                                 if history.history.get("val_accuracy")
                                 else training.evaluate(model, val_ds)["accuracy"]),
         "train_seconds": train_seconds,
-        "examples_per_sec": throughput.history[-1]["examples_per_sec"] if throughput.history else None,
+        "examples_per_sec": (throughput.history[-1]["examples_per_sec"]
+                             if throughput.history else None),
         "exports": exports,
         "precision": policy,
         "jit_compile": jit_compile,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import mirrored_strategy, run_recipe
+
 from tfaccel import accumulate, precision
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras

@@ -7,7 +7,8 @@ import tensorflow as tf
 from tfaccel.data import augment
 
 
-@pytest.mark.parametrize("shape,high", [((4, 32, 24, 3), 1.0), ((4, 32, 24, 3), 255.0), ((40, 40, 1), 255.0)])
+@pytest.mark.parametrize("shape,high", [((4, 32, 24, 3), 1.0), ((4, 32, 24, 3), 255.0),
+                                        ((40, 40, 1), 255.0)])
 def test_standardize_matches_per_image_standardization(shape, high):
     x = np.random.default_rng(0).uniform(0, high, shape).astype("float32")
     got = augment.standardize(x).numpy()
@@ -29,4 +30,5 @@ def test_standardize_casts_integer_images():
     x = np.random.default_rng(2).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
     got = augment.standardize(x)
     assert got.dtype == tf.float32
-    np.testing.assert_allclose(got.numpy(), tf.image.per_image_standardization(x).numpy(), atol=1e-4)
+    np.testing.assert_allclose(got.numpy(), tf.image.per_image_standardization(x).numpy(),
+                               atol=1e-4)

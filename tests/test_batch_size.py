@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import tensorflow as tf
-
 from conftest import RECIPES, run_recipe
+
 from tfaccel import batch_size, data, models, summaries
 from tfaccel.errors import ConfigError
 

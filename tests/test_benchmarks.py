@@ -33,9 +33,10 @@ def test_bench_data_measures_every_pipeline_over_whole_epochs(tmp_path):
         assert run["rate"] > 0 and run["steady"] >= run["rate"] and run["teardown"] >= 0
         assert report["best"][name] == pytest.approx(run["rate"])
     ratios = report["ratios"]
-    assert ratios["tfaccel / serial"] == pytest.approx(report["best"]["tfaccel"] / report["best"]["serial"])
-    assert [c["met"] for c in report["targets"]] == [c["measured"] >= float(c["target"].split(">=")[1])
-                                                     for c in report["targets"]]
+    assert ratios["tfaccel / serial"] == pytest.approx(report["best"]["tfaccel"]
+                                                       / report["best"]["serial"])
+    assert [c["met"] for c in report["targets"]] == [
+        c["measured"] >= float(c["target"].split(">=")[1]) for c in report["targets"]]
     assert proc.returncode == (0 if all(c["met"] for c in report["targets"]) else 1)
     assert (out / "bench_data.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     logdir = str(out / "logs")

@@ -6,13 +6,13 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import mirrored_strategy
 
 from tfaccel import diagnose
 from tfaccel.data import PipelineConfig
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.summaries import read_scalars, read_text
-from conftest import mirrored_strategy
 
 
 def slow_pipeline(n=256, features=8, batch=32, seconds_per_example=0.002):
@@ -23,13 +23,16 @@ def slow_pipeline(n=256, features=8, batch=32, seconds_per_example=0.002):
 
     x = np.random.rand(n, features).astype("float32")
     ds = tf.data.Dataset.from_tensor_slices((x, np.arange(n) % 2))
-    ds = ds.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(sleepy, [x], tf.float32), (features,)), y))
+    ds = ds.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(sleepy, [x], tf.float32),
+                                              (features,)), y))
     return ds.batch(batch)
 
 
 def tiny_model(features=8):
-    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(2, activation="softmax")])
-    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    model = keras.Sequential([keras.Input((features,)),
+                              keras.layers.Dense(2, activation="softmax")])
+    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
     return model
 
 
@@ -38,7 +41,8 @@ def heavy_model():
     model = keras.Sequential([keras.Input((32, 32, 3)),
                               keras.layers.Conv2D(96, 3, padding="same", activation="relu"),
                               keras.layers.Conv2D(96, 3, padding="same", activation="relu"),
-                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2, activation="softmax")])
+                              keras.layers.GlobalAveragePooling2D(),
+                              keras.layers.Dense(2, activation="softmax")])
     model.compile(keras.optimizers.SGD(0.1, momentum=0.9), "sparse_categorical_crossentropy")
     return model
 
@@ -49,7 +53,8 @@ def fast_pipeline(batch=16, batches=40):
 
 
 def test_cheap_model_with_a_slow_pipeline_is_input_bound():
-    result = diagnose.diagnose_input(tiny_model(), slow_pipeline(), config=PipelineConfig(cache="none"),
+    result = diagnose.diagnose_input(tiny_model(), slow_pipeline(),
+                                     config=PipelineConfig(cache="none"),
                                      num_batches=4, warmup=1, repeats=2)
     assert result.verdict == "input-bound"
     # 2 ms per example, serially: at most ~500 examples/s, far below a one-layer model's step.
@@ -57,12 +62,14 @@ def test_cheap_model_with_a_slow_pipeline_is_input_bound():
     assert len(result.input_runs) == len(result.step_runs) == 2
     summary = result.summary()
     assert summary.startswith("input-bound:")
-    assert f"{result.input_examples_per_sec:,.0f}" in summary and f"{result.step_examples_per_sec:,.0f}" in summary
+    assert (f"{result.input_examples_per_sec:,.0f}" in summary
+            and f"{result.step_examples_per_sec:,.0f}" in summary)
     assert "caching" in summary
 
 
 def test_expensive_model_with_a_fast_pipeline_is_compute_bound():
-    result = diagnose.diagnose_input(heavy_model(), fast_pipeline(), num_batches=3, warmup=1, repeats=2)
+    result = diagnose.diagnose_input(heavy_model(), fast_pipeline(), num_batches=3, warmup=1,
+                                     repeats=2)
     assert result.verdict == "compute-bound"
     assert result.input_examples_per_sec > result.step_examples_per_sec > 0
     assert "Nothing to do on the input side" in result.summary()
@@ -91,7 +98,8 @@ def test_measuring_the_step_leaves_weights_optimizer_and_metrics_as_they_were(st
 def test_suggestions_follow_the_pipeline():
     tips = diagnose.suggest("input-bound", PipelineConfig(cache="none", num_parallel_calls=1,
                                                           image_size=(224, 224)), ratio=0.25)
-    assert "4.0x" in tips and "parallel calls" in tips and "caching" in tips and "smaller decode" in tips
+    assert ("4.0x" in tips and "parallel calls" in tips and "caching" in tips
+            and "smaller decode" in tips)
     assert diagnose.suggest("compute-bound").startswith("Nothing to do on the input side")
 
 

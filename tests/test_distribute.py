@@ -95,7 +95,8 @@ def test_malformed_tf_config_names_the_problem(text, message):
 
 
 def test_cluster_from_tf_config_and_from_slurm(no_cluster, monkeypatch):
-    tf_config = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
+    tf_config = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["127.0.0.1:2222",
+                                                                 "127.0.0.1:2223"]},
                                           "task": {"type": "worker", "index": 1}})}
     resolver = distribute.cluster_resolver_from_env(tf_config)
     assert resolver.cluster_spec().as_dict() == {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}

@@ -43,7 +43,8 @@ def test_helpers_reject_keras3_models():
 
 
 def test_no_module_imports_keras_directly():
-    pattern = re.compile(r"^\s*(import keras\b|from keras\b|import tf_keras|from tf_keras|.*\btf\.keras\b)")
+    pattern = re.compile(r"^\s*(import keras\b|from keras\b|import tf_keras|from tf_keras"
+                         r"|.*\btf\.keras\b)")
     offenders = []
     for root, _, files in os.walk(PACKAGE):
         for name in files:
@@ -53,5 +54,6 @@ def test_no_module_imports_keras_directly():
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):
                     if pattern.match(line) and "noqa: keras" not in line:
-                        offenders.append(f"{os.path.relpath(path, PACKAGE)}:{number}: {line.strip()}")
+                        offenders.append(
+                            f"{os.path.relpath(path, PACKAGE)}:{number}: {line.strip()}")
     assert not offenders, "import Keras only through tfaccel.keras:\n" + "\n".join(offenders)

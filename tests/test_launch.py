@@ -249,7 +249,8 @@ def test_two_worker_digits_run_reaches_band_and_only_chief_writes(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     print("2-worker digits test accuracy", metrics["test_accuracy"])
     assert metrics["test_accuracy"] >= 0.95
-    assert metrics["distribution"]["replicas"] == 2 and metrics["distribution"]["task"] == "worker:0"
+    assert (metrics["distribution"]["replicas"] == 2
+            and metrics["distribution"]["task"] == "worker:0")
     assert sorted(os.listdir(model_dir)) == ["checkpoints", "flags.cfg", "logs", "metrics.json",
                                              "model.keras", "saved_model"]
     # Only the chief's event files, and the test accuracy read back from them.

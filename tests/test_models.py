@@ -39,7 +39,8 @@ def test_outputs_stay_float32_under_mixed_precision():
 
 
 def test_unknown_model_names_the_choices():
-    with pytest.raises(tfaccel.ModelError, match=r"unknown model 'vgg'.*mlp, cnn, resnet, mobilenet_v2"):
+    with pytest.raises(tfaccel.ModelError,
+                       match=r"unknown model 'vgg'.*mlp, cnn, resnet, mobilenet_v2"):
         models.build_model("vgg", (8, 8, 1), 10)
 
 

@@ -1,4 +1,5 @@
-"""recipes/optimize.py end to end: bad input fails early and cleanly; a short run writes the report."""
+"""recipes/optimize.py end to end: bad input fails early and cleanly; a short run writes the
+report."""
 
 import json
 import os

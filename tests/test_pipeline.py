@@ -1,4 +1,5 @@
-"""tfaccel.data.pipeline: what each preprocessing step does, where the cache sits, options, strategies."""
+"""tfaccel.data.pipeline: what each preprocessing step does, where the cache sits, options,
+strategies."""
 
 import io
 
@@ -6,7 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfaccel.data import DatasetInfo, PipelineConfig, build_pipeline, build_splits, from_arrays, steps_per_epoch
+from tfaccel.data import (
+    DatasetInfo,
+    PipelineConfig,
+    build_pipeline,
+    build_splits,
+    from_arrays,
+    steps_per_epoch,
+)
 from tfaccel.errors import ConfigError
 
 
@@ -25,7 +33,8 @@ def counting(ds):
         counter["n"] += 1
         return x
 
-    mapped = ds.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(bump, [x], tf.float32), x.shape), y))
+    mapped = ds.map(lambda x, y: (tf.ensure_shape(tf.numpy_function(bump, [x], tf.float32),
+                                                  x.shape), y))
     return mapped, counter
 
 
@@ -56,14 +65,16 @@ def test_training_shuffles_every_epoch_and_keeps_pairs():
 
 def test_standardize_normalize_rescale_values():
     ds, x, _ = images_dataset(6)
-    got, _ = collect(build_pipeline(ds, PipelineConfig(batch_size=6, standardize=True, deterministic=True),
+    got, _ = collect(build_pipeline(ds, PipelineConfig(batch_size=6, standardize=True,
+                                                       deterministic=True),
                                     training=False))
     np.testing.assert_allclose(got.mean(axis=(1, 2, 3)), 0, atol=1e-5)
     np.testing.assert_allclose(got.std(axis=(1, 2, 3)), 1, atol=1e-3)
     config = PipelineConfig(batch_size=6, rescale=(2.0, -1.0), normalize_mean=(0.1, 0.2, 0.3),
                             normalize_std=(2.0, 4.0, 5.0), deterministic=True)
     got, _ = collect(build_pipeline(ds, config, training=False))
-    np.testing.assert_allclose(got, ((x * 2 - 1) - [0.1, 0.2, 0.3]) / [2.0, 4.0, 5.0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, ((x * 2 - 1) - [0.1, 0.2, 0.3]) / [2.0, 4.0, 5.0],
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("cache", ["auto", "none"])
@@ -86,7 +97,8 @@ def test_cache_sits_before_random_augmentation():
         for img in epoch:
             assert any(np.array_equal(img, row) or np.array_equal(img, row[:, ::-1]) for row in x)
         flips.append(sum(not any(np.array_equal(img, row) for row in x) for img in epoch))
-    assert 0 < sum(flips) < 32, f"flips per epoch {flips}: augmentation must stay random after the cache"
+    assert 0 < sum(flips) < 32, (f"flips per epoch {flips}: augmentation must stay random after "
+                                 "the cache")
 
 
 def test_auto_cache_respects_its_budget():
@@ -101,7 +113,8 @@ def test_auto_cache_respects_its_budget():
 def test_file_cache(tmp_path):
     ds, x, _ = images_dataset(6)
     ds, counter = counting(ds)
-    out = build_pipeline(ds, PipelineConfig(batch_size=6, cache=str(tmp_path / "cache"), deterministic=True),
+    out = build_pipeline(ds, PipelineConfig(batch_size=6, cache=str(tmp_path / "cache"),
+                                            deterministic=True),
                          training=False)
     first, second = collect(out)[0], collect(out)[0]
     np.testing.assert_array_equal(first, second)
@@ -112,13 +125,15 @@ def test_crops_and_resize_shapes():
     ds, x, _ = images_dataset(4, size=10)
     train = build_pipeline(ds, PipelineConfig(batch_size=4, random_crop=(6, 6)), training=True)
     assert train.element_spec[0].shape.as_list()[1:] == [6, 6, 3]
-    evaluation = build_pipeline(ds, PipelineConfig(batch_size=4, random_crop=(6, 6), deterministic=True),
+    evaluation = build_pipeline(ds, PipelineConfig(batch_size=4, random_crop=(6, 6),
+                                                   deterministic=True),
                                 training=False)
     np.testing.assert_array_equal(collect(evaluation)[0], x[:, 2:8, 2:8, :])
     resized = build_pipeline(ds, PipelineConfig(batch_size=4, image_size=(5, 5), central_crop=0.6),
                              training=False)
     assert next(iter(resized))[0].shape == (4, 3, 3, 3)
-    with pytest.raises(ConfigError, match=r"random_crop=\(12, 12\) is larger than the images \(10x10\)"):
+    with pytest.raises(ConfigError,
+                       match=r"random_crop=\(12, 12\) is larger than the images \(10x10\)"):
         build_pipeline(ds, PipelineConfig(random_crop=(12, 12)), training=True)
 
 
@@ -128,7 +143,8 @@ def test_one_hot_and_mixup():
     _, labels = collect(build_pipeline(ds, config, training=False, num_examples=12,
                                        info=DatasetInfo("t", (8, 8, 3), 3, ("a", "b", "c"), {})))
     np.testing.assert_array_equal(labels, np.eye(3)[y])
-    mixed = build_pipeline(ds, PipelineConfig(batch_size=12, mixup_alpha=0.4, num_classes=3), training=True)
+    mixed = build_pipeline(ds, PipelineConfig(batch_size=12, mixup_alpha=0.4, num_classes=3),
+                           training=True)
     images, labels = next(iter(mixed))
     np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, rtol=1e-5)
     assert (labels.numpy() > 0).sum() > 12, "mixup should blend some labels"
@@ -143,7 +159,8 @@ def _jpeg(seed):
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (12, 16, 3), dtype=np.uint8)).save(buf, "JPEG")
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (12, 16, 3),
+                                                         dtype=np.uint8)).save(buf, "JPEG")
     return buf.getvalue()
 
 
@@ -172,7 +189,8 @@ def test_options_and_static_batches():
     options = out.options()
     assert options.deterministic is False
     assert options.autotune.enabled is True
-    assert options.experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA
+    assert (options.experimental_distribute.auto_shard_policy
+            == tf.data.experimental.AutoShardPolicy.DATA)
     assert options.threading.private_threadpool_size == 2
     assert options.threading.max_intra_op_parallelism == 1  # parallel across elements, not within
     assert options.autotune.ram_budget == 64 * 2**20

@@ -1,4 +1,5 @@
-"""tfaccel.prune and tfaccel.sparsity: schedules, layer choice, strategy x precision, 2:4, resume."""
+"""tfaccel.prune and tfaccel.sparsity: schedules, layer choice, strategy x precision, 2:4,
+resume."""
 
 import os
 
@@ -84,7 +85,8 @@ def test_bad_schedule_is_one_clear_line(target, config, match):
 
 def test_bad_layers_and_models_are_one_clear_line():
     model = small_cnn()
-    with pytest.raises(UnsupportedLayerError, match="'conv_0'.*input channels divisible by 4.*has 1"):
+    with pytest.raises(UnsupportedLayerError,
+                       match="'conv_0'.*input channels divisible by 4.*has 1"):
         prune.plan_pruning(model, prune.PruneConfig(m_by_n=(2, 4), include=("conv_0", "dense")))
     with pytest.raises(ConfigError, match="include=nope: no such layer"):
         prune.plan_pruning(model, prune.PruneConfig(include=("nope",)))
@@ -150,7 +152,8 @@ def test_m_by_n_violations_counts_groups_along_input_channels():
 # ---------------------------------------------------------------- training: strategy x precision
 
 
-@pytest.mark.parametrize("strategy_name", ["default", pytest.param("mirrored", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("strategy_name",
+                         ["default", pytest.param("mirrored", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("precision", ["float32", "mixed_float16", "mixed_bfloat16"])
 def test_pruning_reaches_target(strategy_name, precision, policy, tmp_path):
     keras.mixed_precision.set_global_policy(precision)
@@ -167,7 +170,8 @@ def test_pruning_reaches_target(strategy_name, precision, policy, tmp_path):
     assert abs(report["pruned"]["sparsity"] - 0.75) < 0.01
     assert {r["layer"]: r["sparsity"] for r in report["layers"]}["conv_0"] == 0.0
     if precision != "float32":
-        assert prune.strip_pruning(pruned, float32=True).get_layer("dense").compute_dtype == "float32"
+        assert (prune.strip_pruning(pruned, float32=True).get_layer("dense").compute_dtype
+                == "float32")
     scalars = summaries.read_scalars(tmp_path / "logs")
     assert [step for step, _ in scalars["sparsity/dense"]] == list(range(epochs))
     assert scalars["sparsity/target"][-1][1] == pytest.approx(0.75)

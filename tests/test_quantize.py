@@ -1,4 +1,5 @@
-"""tfaccel.quantize: the layer check, flattening, QAT under strategies and precisions, prune-preserve."""
+"""tfaccel.quantize: the layer check, flattening, QAT under strategies and precisions,
+prune-preserve."""
 
 import logging
 

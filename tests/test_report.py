@@ -1,4 +1,5 @@
-"""tfaccel.report: ratios against the baseline, the plot, and the report in files and TensorBoard."""
+"""tfaccel.report: ratios against the baseline, the plot, and the report in files and
+TensorBoard."""
 
 import json
 
@@ -34,7 +35,8 @@ def test_report_files_and_tensorboard(tmp_path):
     paths = report.write_report(tmp_path, tmp_path / "logs", rows, {"model": "cnn"},
                                 reference_accuracy=0.98, step=3)
     saved = json.loads((tmp_path / "report.json").read_text())
-    assert saved["model"] == "cnn" and [r["variant"] for r in saved["variants"]] == ["float", "int8"]
+    assert (saved["model"] == "cnn"
+            and [r["variant"] for r in saved["variants"]] == ["float", "int8"])
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
     markdown = (tmp_path / "report.md").read_text()
     assert "| int8 | 0.975 |" in markdown and "PTQ int8" in markdown

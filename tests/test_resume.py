@@ -176,7 +176,8 @@ class _Run:
         while not event():
             if self.proc.poll() is not None:
                 return event()
-            assert time.monotonic() < deadline, f"no event within {timeout}s:\n{self.output[-3000:]}"
+            assert time.monotonic() < deadline, (f"no event within {timeout}s:\n"
+                                                 f"{self.output[-3000:]}")
             time.sleep(0.01)
         return True
 

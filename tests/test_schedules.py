@@ -1,4 +1,5 @@
-"""tfaccel.schedules: closed forms, warmup, serialization with a compiled model, the train recipe."""
+"""tfaccel.schedules: closed forms, warmup, serialization with a compiled model, the train
+recipe."""
 
 import math
 import os
@@ -49,9 +50,11 @@ CASES = {
                         lambda s: restarts_reference(s, 8, 2.0, 0.5, 0.05)),
     "cosine_restarts_t1": (schedules.CosineRestartsSchedule(LR, 8, t_mul=1.0),
                            lambda s: restarts_reference(s, 8, 1.0, 1.0, 0.0)),
-    "one_cycle": (schedules.OneCycleSchedule(LR, 40, pct_start=0.25, div_factor=10, final_div_factor=100),
+    "one_cycle": (schedules.OneCycleSchedule(LR, 40, pct_start=0.25, div_factor=10,
+                                             final_div_factor=100),
                   lambda s: one_cycle_reference(s, 40, 0.25, 10, 100)),
-    "epoch_exponential": (schedules.EpochExponentialSchedule(LR, steps_per_epoch=5, hold_epochs=3, rate=0.2),
+    "epoch_exponential": (schedules.EpochExponentialSchedule(LR, steps_per_epoch=5, hold_epochs=3,
+                                                             rate=0.2),
                           lambda s: LR * math.exp(-0.2 * max(0, s // 5 - 3 + 1))),
 }
 STEPS = (0, 1, 5, 7, 9, 10, 14, 15, 19, 20, 24, 25, 29, 30, 33, 39, 45, 60)
@@ -67,7 +70,8 @@ def test_matches_closed_form(name):
 @pytest.mark.parametrize("name", ["constant", "cosine", "one_cycle", "epoch_exponential"])
 def test_linear_warmup_then_the_schedule_shifted(name):
     schedule, reference = CASES[name]
-    warm = type(schedule).from_config({**schedule.get_config(), "warmup_steps": 10, "warmup_start": 0.01})
+    warm = type(schedule).from_config({**schedule.get_config(), "warmup_steps": 10,
+                                       "warmup_start": 0.01})
     start = reference(0)
     for s in range(10):
         assert float(warm(s)) == pytest.approx(0.01 + (start - 0.01) * s / 10, rel=1e-5)
@@ -107,7 +111,8 @@ def test_compiled_model_saves_and_loads_with_the_same_learning_rate(name, fmt, t
     assert int(loaded.optimizer.iterations.numpy()) == k
     for step in (0, 1, 2, k, 7):
         assert float(loaded_schedule(step)) == pytest.approx(float(schedule(step)), rel=1e-6)
-    # One more update each: the loaded model applies the same rate (what the TensorBoard logger reads).
+    # One more update each: the loaded model applies the same rate
+    # (what the TensorBoard logger reads).
     for m in (model, loaded):
         _updates(m, 1)
         assert current_learning_rate(m.optimizer) == pytest.approx(float(schedule(k)), rel=1e-6)
@@ -141,7 +146,8 @@ def test_linear_scaling_rule():
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": "triangle"}, "unknown learning-rate schedule 'triangle'"),
     ({"name": "cosine", "warmup_epochs": 5}, "warmup of 5 epochs is not shorter than training"),
-    ({"name": "piecewise", "boundaries": [1, 2], "multipliers": [1.0]}, "2 boundaries need 3 multipliers"),
+    ({"name": "piecewise", "boundaries": [1, 2], "multipliers": [1.0]},
+     "2 boundaries need 3 multipliers"),
     ({"name": "step", "decay_epochs": -1}, "decay_epochs=-1 must be > 0"),
 ])
 def test_bad_settings_are_one_clear_line(kwargs, message):
@@ -154,8 +160,9 @@ def test_bad_settings_are_one_clear_line(kwargs, message):
 @pytest.mark.slow
 def test_train_recipe_logs_the_scheduled_rate_to_tensorboard(recipe, tmp_path):
     out = tmp_path / "run"
-    result = recipe("train", "--epochs=3", "--batch_size=128", "--lr_schedule=step", "--decay_epochs=1",
-                    "--decay_rate=0.5", "--warmup_epochs=1", "--learning_rate=0.002",
+    result = recipe("train", "--epochs=3", "--batch_size=128", "--lr_schedule=step",
+                    "--decay_epochs=1", "--decay_rate=0.5", "--warmup_epochs=1",
+                    "--learning_rate=0.002",
                     f"--model_dir={out}")
     assert result.returncode == 0, result.stderr[-2000:]
     train = read_scalars(out / "logs" / "train")

@@ -61,14 +61,16 @@ def test_check_image_file(tmp_path):
 
 def test_image_folder_fail_names_the_bad_file(tmp_path):
     root = image_folder(tmp_path / "imgs")
-    with pytest.raises(DataError, match=r"bad image file .*(broken\.jpg|notes\.txt): .*--on_bad_example=skip"):
+    with pytest.raises(DataError,
+                       match=r"bad image file .*(broken\.jpg|notes\.txt): .*--on_bad_example=skip"):
         load_image_dir(root, image_size=(16, 16))
 
 
 def test_image_folder_skip_names_both_and_trains_on_the_rest(tmp_path, caplog):
     root = image_folder(tmp_path / "imgs")
     with caplog.at_level("WARNING", logger="tfaccel"):
-        splits = load_image_dir(root, image_size=(16, 16), on_bad_example="skip", test_fraction=0.25)
+        splits = load_image_dir(root, image_size=(16, 16), on_bad_example="skip",
+                                test_fraction=0.25)
     bad = dict(splits.bad_files)
     assert sorted(os.path.basename(f) for f in bad) == ["broken.jpg", "notes.txt"]
     assert bad[os.path.join(root, "cats", "broken.jpg")].startswith("truncated JPEG")
@@ -125,7 +127,8 @@ def test_truncated_tfrecord(records, mode):
     data = open(files[2], "rb").read()
     open(files[2], "wb").write(data[: len(data) * 2 // 3])
     if mode == "fail":
-        with pytest.raises(DataError, match=r"bad TFRecord .*data-00002-of-00004\.tfrecord: truncated"):
+        with pytest.raises(DataError,
+                           match=r"bad TFRecord .*data-00002-of-00004\.tfrecord: truncated"):
             load_tfrecord(path, image_size=(8, 8))
         return
     splits = load_tfrecord(path, image_size=(8, 8), on_bad_example="skip")
@@ -174,7 +177,8 @@ def test_train_recipe_skips_or_stops_on_bad_image_files(recipe, tmp_path):
     failed = recipe("train", *common, f"--model_dir={tmp_path / 'fail'}")
     assert failed.returncode == 2
     last = failed.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: bad image file") and ("broken.jpg" in last or "notes.txt" in last)
+    assert (last.startswith("error: bad image file")
+            and ("broken.jpg" in last or "notes.txt" in last))
     assert "Traceback" not in failed.stderr and not os.path.exists(tmp_path / "fail")
 
     skipped = recipe("train", *common, "--on_bad_example=skip", f"--model_dir={tmp_path / 'skip'}")
@@ -189,7 +193,8 @@ def test_train_recipe_skips_or_stops_on_bad_image_files(recipe, tmp_path):
 @pytest.mark.slow
 def test_train_recipe_rejects_a_tfrecord_spec_that_does_not_match(recipe, records, tmp_path):
     result = recipe("train", "--dataset=tfrecord", f"--data_dir={records[0]}",
-                    "--tfrecord_features=image=float[64],label=int64", f"--model_dir={tmp_path / 'run'}")
+                    "--tfrecord_features=image=float[64],label=int64",
+                    f"--model_dir={tmp_path / 'run'}")
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: TFRecord ") and "does not match the file" in last

@@ -9,8 +9,8 @@ import time
 import urllib.request
 
 import pytest
-
 from conftest import run_recipe
+
 from tfaccel import summaries
 from tfaccel.models import load_model_file
 
@@ -123,7 +123,8 @@ slow = pytest.mark.slow
     pytest.param(["--optimizer=adamax"], "--optimizer=adamax", marks=slow),
     pytest.param(["stray_argument"], "unexpected arguments 'stray_argument'", marks=slow),
     pytest.param(["--host_allocator=jemalloc"], "--host_allocator", marks=slow),
-    pytest.param(["--data_ram_budget_mb=64"], "--data_ram_budget_mb=64 is tf.data autotune's", marks=slow),
+    pytest.param(["--data_ram_budget_mb=64"], "--data_ram_budget_mb=64 is tf.data autotune's",
+                 marks=slow),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     model_dir = tmp_path / "run"

@@ -18,13 +18,13 @@ Example:
 import importlib
 
 from tfaccel.errors import (
-    ConfigError,
-    DataError,
-    ModelError,
-    TfaccelError,
-    TrainingError,
-    UnsupportedLayerError,
-    WrongKerasError,
+    ConfigError as ConfigError,
+    DataError as DataError,
+    ModelError as ModelError,
+    TfaccelError as TfaccelError,
+    TrainingError as TrainingError,
+    UnsupportedLayerError as UnsupportedLayerError,
+    WrongKerasError as WrongKerasError,
 )
 
 __version__ = "0.1.0"

@@ -114,7 +114,8 @@ def measure_step_throughput(model, dataset, *, num_steps=20, warmup=3, repeats=3
     """
     _check_counts(num_steps, warmup, repeats)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled_loss", None):
-        raise ConfigError(f"model {model.name!r} is not compiled: compile it before measuring its train step")
+        raise ConfigError(f"model {model.name!r} is not compiled: "
+                          "compile it before measuring its train step")
     strategy = model.distribute_strategy
     cached = dataset.take(cached_batches).cache().repeat()
     per_call = _steps_per_execution(model)
@@ -170,11 +171,13 @@ def suggest(verdict, config=None, ratio=None):
     """What to do next, given the verdict and the `PipelineConfig` used (if any)."""
     if verdict == COMPUTE_BOUND:
         return ("Nothing to do on the input side: the pipeline keeps up. Speed up the step instead "
-                "(a larger batch, mixed precision or XLA on a GPU that supports them, a smaller model).")
+                "(a larger batch, mixed precision or XLA on a GPU that supports them, "
+                "a smaller model).")
     tips = []
     if config is not None:
         if config.num_parallel_calls not in (tf.data.AUTOTUNE, None):
-            tips.append(f"more parallel calls (num_parallel_calls={config.num_parallel_calls}; use AUTOTUNE)")
+            tips.append(f"more parallel calls (num_parallel_calls={config.num_parallel_calls}; "
+                        "use AUTOTUNE)")
         if config.max_intra_op_parallelism != 1:
             tips.append("one intra-op thread per element (max_intra_op_parallelism=1): parallel "
                         "elements and multi-threaded ops fight over the same cores")
@@ -226,6 +229,7 @@ def write_diagnosis(logdir, diagnosis, step=0):
     from tfaccel import summaries
 
     summaries.write_text(logdir, "input_diagnosis", diagnosis.summary(), step=step)
-    summaries.write_scalars(logdir, {"input_diagnosis/input_examples_per_sec": diagnosis.input_examples_per_sec,
-                                     "input_diagnosis/step_examples_per_sec": diagnosis.step_examples_per_sec},
-                            step=step)
+    summaries.write_scalars(logdir, {
+        "input_diagnosis/input_examples_per_sec": diagnosis.input_examples_per_sec,
+        "input_diagnosis/step_examples_per_sec": diagnosis.step_examples_per_sec,
+    }, step=step)

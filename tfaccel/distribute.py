@@ -37,7 +37,8 @@ LAUNCHER_HINT = ("run it under `tfaccel launch --workers N -- <command>` on one 
 
 
 def split_cpu(num_devices):
-    """Splits the physical CPU into `num_devices` logical devices, so mirrored code runs without GPUs.
+    """Splits the physical CPU into `num_devices` logical devices, so mirrored code runs
+    without GPUs.
 
     Must run before TensorFlow initializes its devices (before any op or
     tensor is created). Calling it again with the same count is harmless.
@@ -63,7 +64,8 @@ def split_cpu(num_devices):
         have = len(tf.config.list_logical_devices("CPU"))
         if have != num_devices:
             raise ConfigError(f"cpu_devices={num_devices}: TensorFlow already initialized {have} "
-                              "CPU device(s); split the CPU before any TensorFlow op runs") from None
+                              "CPU device(s); split the CPU before any TensorFlow op runs"
+                              ) from None
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
@@ -110,15 +112,18 @@ def parse_tf_config(text):
                           f"({', '.join(cluster)})")
     index = task["index"]
     if not isinstance(index, int) or not 0 <= index < len(cluster[task["type"]]):
-        raise ConfigError(f"{where}: task index {index!r} must be 0..{len(cluster[task['type']]) - 1} "
+        raise ConfigError(f"{where}: task index {index!r} must be "
+                          f"0..{len(cluster[task['type']]) - 1} "
                           f"for job {task['type']!r}")
     return config
 
 
 def _slurm_resolver(environ, port_base):
     """TF's Slurm resolver, re-wrapped so that a CPU-only cluster reports no GPUs."""
-    from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+    from tensorflow.python.distribute.cluster_resolver import (
+        SimpleClusterResolver,
+        slurm_cluster_resolver as slurm,
+    )
 
     num_tasks = int(environ["SLURM_STEP_NUM_TASKS"])
     num_gpus = len(tf.config.list_physical_devices("GPU"))
@@ -137,7 +142,8 @@ def _slurm_resolver(environ, port_base):
 
 
 def cluster_resolver_from_env(environ=None, slurm_port_base=8888):
-    """The cluster this process belongs to, from `TF_CONFIG` or else Slurm; None when neither is set.
+    """The cluster this process belongs to, from `TF_CONFIG` or else Slurm; None when neither
+    is set.
 
     Args:
       environ: the environment to read (default `os.environ`).
@@ -161,7 +167,8 @@ def cluster_resolver_from_env(environ=None, slurm_port_base=8888):
             tf.train.ClusterSpec(config["cluster"]), task_type=config["task"]["type"],
             task_id=config["task"]["index"], rpc_layer=config.get("rpc_layer", "grpc"),
             num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
-    if environ.get("SLURM_PROCID") is not None and int(environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+    if environ.get("SLURM_PROCID") is not None and int(
+            environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         return _slurm_resolver(environ, slurm_port_base)
     return None
 
@@ -207,7 +214,8 @@ def _communication_options(collective, timeout_seconds):
 
 
 def resolve_strategy_name(name, resolver=None):
-    """What `auto` means here: multi_worker in a cluster, mirrored with several devices, else default."""
+    """What `auto` means here: multi_worker in a cluster, mirrored with several devices,
+    else default."""
     if name not in STRATEGIES:
         raise ConfigError(f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)}")
     if name != "auto":
@@ -328,7 +336,8 @@ def per_replica_batch_size(global_batch_size, num_replicas):
     global_batch_size, num_replicas = int(global_batch_size), int(num_replicas)
     if global_batch_size < num_replicas or global_batch_size % num_replicas:
         lower = max(num_replicas, global_batch_size - global_batch_size % num_replicas)
-        raise ConfigError(f"batch_size={global_batch_size} is the global batch and must be a multiple "
+        raise ConfigError(f"batch_size={global_batch_size} is the global batch "
+                          "and must be a multiple "
                           f"of the {num_replicas} replicas: use {lower} or {lower + num_replicas}")
     return global_batch_size // num_replicas
 
@@ -375,7 +384,8 @@ def shard_policy(dataset, in_memory):
 
 
 def with_shard_policy(dataset, in_memory, num_workers=1):
-    """`dataset` with the auto-shard policy of `shard_policy` set, ready for `fit` under any strategy.
+    """`dataset` with the auto-shard policy of `shard_policy` set, ready for `fit` under any
+    strategy.
 
     With DATA sharding every worker runs the whole pipeline and keeps every
     N-th batch, so all workers must produce the same order: with several
@@ -421,8 +431,8 @@ _PUBLIC_NAMES = {"_DefaultDistributionStrategy": "default",
 def describe(strategy):
     """A dict for reports: strategy class, replicas, workers, this task, chief or not."""
     resolver = getattr(strategy, "cluster_resolver", None)
-    task = f"{resolver.task_type}:{resolver.task_id}" if resolver is not None and resolver.task_type \
-        else None
+    task = f"{resolver.task_type}:{resolver.task_id}" \
+        if resolver is not None and resolver.task_type else None
     return {"strategy": _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__),
             "replicas": int(strategy.num_replicas_in_sync),
             "workers": num_workers(strategy), "task": task, "chief": is_chief(strategy)}

@@ -152,7 +152,8 @@ def advise(facts):
                            "(tfaccel and TF-MOT need Keras 2)"))
     if not mot_v:
         out.append(_advice("warning", "tensorflow-model-optimization is not installed: pruning and "
-                           "QAT will not work (pip install 'tensorflow-model-optimization>=0.8,<0.9')"))
+                           "QAT will not work "
+                           "(pip install 'tensorflow-model-optimization>=0.8,<0.9')"))
 
     gpus = [d for d in facts.get("devices", []) if d.get("type") == "GPU"]
     smi = facts.get("gpus_seen_by_nvidia_smi")
@@ -165,7 +166,8 @@ def advise(facts):
                    "this TensorFlow was built without CUDA: pip install 'tensorflow[and-cuda]'")
             out.append(_advice("warning", f"nvidia-smi sees {len(smi)} GPU(s) but TensorFlow sees "
                                f"none: {fix}"))
-        out.append(_advice("info", "No GPU visible: training runs on the CPU. Keep --precision=float32 "
+        out.append(_advice("info", "No GPU visible: training runs on the CPU. "
+                           "Keep --precision=float32 "
                            "and --jit_compile=false (or 'auto' to measure); mixed precision and "
                            "GPU memory settings do not apply."))
         if not ({"avx512_bf16", "amx_bf16"} & features):
@@ -183,7 +185,8 @@ def advise(facts):
                                "--precision=mixed_bfloat16 (no loss scaling) or mixed_float16."))
         elif lowest >= 7.0:
             out.append(_advice("info", "Tensor cores with float16: use --precision=mixed_float16 "
-                               "(loss scaling is automatic); bfloat16 needs compute capability 8.0."))
+                               "(loss scaling is automatic); "
+                               "bfloat16 needs compute capability 8.0."))
         else:
             out.append(_advice("warning", f"Compute capability {lowest} < 7.0: mixed precision "
                                "will not speed training up here; keep float32."))
@@ -197,7 +200,8 @@ def advise(facts):
                                f"{g.get('name')} is {g.get('compute_capability')}: kernels are "
                                "JIT-compiled at start (slow start-up)."))
     if len(gpus) > 1:
-        out.append(_advice("info", f"{len(gpus)} GPUs: train on all of them with --strategy=mirrored "
+        out.append(_advice("info", f"{len(gpus)} GPUs: train on all of them "
+                           "with --strategy=mirrored "
                            "(--batch_size is global)."))
     if not facts.get("memory_growth_env"):
         out.append(_advice("info", "TensorFlow reserves all GPU memory at start: pass "

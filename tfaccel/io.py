@@ -40,7 +40,8 @@ def atomic_path(final_path):
     base = os.path.basename(final_path)
     stem, dot, suffix = base.rpartition(".")
     # Keep the suffix last: Keras decides the format from it (.keras, .h5).
-    tmp_name = f".{stem}.tmp-{os.getpid()}{dot}{suffix}" if dot and stem else f".{base}.tmp-{os.getpid()}"
+    tmp_name = (f".{stem}.tmp-{os.getpid()}{dot}{suffix}" if dot and stem
+                else f".{base}.tmp-{os.getpid()}")
     tmp = os.path.join(parent, tmp_name)
     _remove(tmp)
     try:
@@ -147,7 +148,8 @@ def file_size(path):
 
 
 def gzipped_size(path):
-    """Bytes of `path` gzip-compressed (a directory is tarred first), the fair size of sparse weights."""
+    """Bytes of `path` gzip-compressed (a directory is tarred first), the fair size of sparse
+    weights."""
     import gzip
     import io
     import tarfile

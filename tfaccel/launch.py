@@ -1,7 +1,8 @@
 """Run a multi-worker job on this machine: N worker processes on 127.0.0.1, each with its TF_CONFIG.
 
     tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker --epochs=5
-    python -m tfaccel.launch --workers 2 --port_base 23456 -- recipes/train.py --strategy=multi_worker
+    python -m tfaccel.launch --workers 2 --port_base 23456 -- \\
+        recipes/train.py --strategy=multi_worker
 
 Each worker's output lines are prefixed with ``[worker i]``. Ctrl-C is
 forwarded to every worker. When a worker fails, the others are stopped and the
@@ -164,7 +165,8 @@ def launch(command, num_workers, *, port_base=None, grace_seconds=5.0, timeout=N
     if num_workers < 1:
         raise ConfigError(f"--workers={num_workers} must be at least 1")
     if grace_seconds < 0 or (timeout is not None and timeout <= 0):
-        raise ConfigError(f"--grace_seconds={grace_seconds} must be >= 0 and --timeout={timeout} > 0")
+        raise ConfigError(f"--grace_seconds={grace_seconds} must be >= 0 "
+                          f"and --timeout={timeout} > 0")
     if port_base is None:
         ports = free_ports(num_workers)
     else:

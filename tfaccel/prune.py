@@ -49,7 +49,6 @@ from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first
 from tfaccel.keras import ensure_tf_keras, keras
 
 
-
 @dataclasses.dataclass(frozen=True)
 class PruneConfig:
     """How to prune, apart from the target sparsity and the length of the run.
@@ -254,7 +253,8 @@ def _check_config(config):
         m_by_n = tuple(config.m_by_n)
         if len(m_by_n) != 2 or not all(isinstance(v, int) for v in m_by_n) or \
                 not 0 < m_by_n[0] < m_by_n[1]:
-            raise ConfigError(f"m_by_n={config.m_by_n!r} must be two integers 0 < m < n, e.g. (2, 4)")
+            raise ConfigError(f"m_by_n={config.m_by_n!r} must be two integers 0 < m < n, "
+                              "e.g. (2, 4)")
         if tuple(config.block_size) != (1, 1):
             raise ConfigError("m_by_n and block_size cannot be combined: pick one pattern")
     if len(tuple(config.block_size)) != 2 or min(config.block_size) < 1:
@@ -306,14 +306,16 @@ def plan_pruning(model, config=PruneConfig()):
         unknown = [n for n in getattr(config, field) if n not in known]
         if unknown:
             raise ConfigError(f"{field}={','.join(unknown)}: no such layer name or class in "
-                              f"{model.name!r}; layers: {', '.join(layer.name for layer in layers)}")
+                              f"{model.name!r}; "
+                              f"layers: {', '.join(layer.name for layer in layers)}")
     policy = _tfmot().sparsity.keras.PruneForLatencyOnXNNPack() if config.policy else None
     if policy is not None:
         try:
             policy.ensure_model_supports_pruning(model)
         except ValueError as e:
             raise UnsupportedLayerError(f"policy='xnnpack' does not fit model {model.name!r}: "
-                                        f"{str(e).strip()}; drop the policy for this model") from None
+                                        f"{str(e).strip()}; drop the policy for this model"
+                                        ) from None
     pruned, skipped, element_wise = [], {}, []
     first_kernel_seen = False
     for layer in layers:
@@ -340,7 +342,8 @@ def plan_pruning(model, config=PruneConfig()):
         else:
             reason = _pattern_problem(weights, config)
         if reason and explicit:
-            raise UnsupportedLayerError(f"layer {layer.name!r} cannot be pruned as asked: {reason}; "
+            raise UnsupportedLayerError(f"layer {layer.name!r} cannot be pruned as asked: "
+                                        f"{reason}; "
                                         "remove it from include")
         size = sum(int(np.prod(w.shape)) for w in weights)
         if not reason and not explicit:

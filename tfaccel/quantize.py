@@ -156,7 +156,8 @@ def check_quantizable(model, layer_names=None):
                 "before it, so put one there, or " if norms else "")
         raise UnsupportedLayerError(
             f"QAT (TF-MOT default 8-bit scheme) cannot quantize {len(bad)} layer(s): {listed}; "
-            f"ways out: {fold}skip them (skip_layers=[...] / --qat_skip_layers={names}), quantize only "
+            f"ways out: {fold}skip them (skip_layers=[...] / --qat_skip_layers={names}), "
+            "quantize only "
             "a subset (only_layers=[...]), or replace them with supported layers "
             "(Conv2D, Dense, DepthwiseConv2D, pooling, Add, Concatenate, ReLU, Activation)")
 
@@ -231,7 +232,8 @@ def _collect_layers(model):
 
 def is_mixed_precision(model):
     """True when the global policy or any layer of `model` computes in float16/bfloat16."""
-    policies = [keras.mixed_precision.global_policy()] + [layer.dtype_policy for layer in model.layers]
+    policies = [keras.mixed_precision.global_policy()] + [
+        layer.dtype_policy for layer in model.layers]
     return any(p.compute_dtype in ("float16", "bfloat16") for p in policies)
 
 

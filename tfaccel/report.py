@@ -115,8 +115,10 @@ def markdown_report(rows, summary, title="Optimized variants"):
     extra = [c for c in ("description",) if any(c in r for r in rows)]
     return "\n\n".join([
         f"# {title}",
-        summaries.markdown_table({k: v for k, v in summary.items() if not isinstance(v, (dict, list))}),
-        "## Variants (sizes in bytes, latency single-sample in microseconds; ratios vs float TFLite)",
+        summaries.markdown_table({k: v for k, v in summary.items()
+                                  if not isinstance(v, (dict, list))}),
+        "## Variants (sizes in bytes, latency single-sample in microseconds; "
+        "ratios vs float TFLite)",
         summaries.markdown_table(rows, columns + extra),
     ]) + "\n"
 

@@ -89,7 +89,8 @@ class ResumeReporter(keras.callbacks.Callback):
             self.printer(f"resume: backup {latest} holds the finished training (epoch "
                          f"{self.epochs}{total}): nothing left to train, writing the results again")
             return
-        self.printer(f"resume: continuing from backup {latest} at epoch {self.resumed_at[0]}{total}, "
+        self.printer(f"resume: continuing from backup {latest} "
+                     f"at epoch {self.resumed_at[0]}{total}, "
                      f"step {self.resumed_at[1]}")
 
     def on_train_end(self, logs=None):

@@ -104,15 +104,18 @@ class StepSchedule(WarmupSchedule):
 
 @_register
 class PiecewiseSchedule(WarmupSchedule):
-    """``values[i]`` for ``boundaries[i-1] <= step < boundaries[i]`` (len(values) = len(boundaries) + 1)."""
+    """``values[i]`` for ``boundaries[i-1] <= step < boundaries[i]``
+    (len(values) = len(boundaries) + 1)."""
 
     def __init__(self, boundaries, values, **kwargs):
         super().__init__(**kwargs)
         boundaries, values = [int(b) for b in boundaries], [float(v) for v in values]
         if len(values) != len(boundaries) + 1:
             raise ConfigError(f"piecewise schedule has {len(boundaries)} boundaries and "
-                              f"{len(values)} values: it needs exactly one more value than boundaries")
-        if any(b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])) or any(b < 0 for b in boundaries):
+                              f"{len(values)} values: "
+                              "it needs exactly one more value than boundaries")
+        if any(b2 <= b1 for b1, b2 in zip(boundaries, boundaries[1:])) or any(
+                b < 0 for b in boundaries):
             raise ConfigError(f"piecewise boundaries {boundaries} must be >= 0 and increasing")
         self.boundaries, self.values = boundaries, values
 
@@ -160,7 +163,8 @@ class PolynomialSchedule(WarmupSchedule):
 
     def decay(self, step):
         frac = 1.0 - tf.minimum(step, float(self.decay_steps)) / self.decay_steps
-        return (self.learning_rate - self.end_learning_rate) * frac ** self.power + self.end_learning_rate
+        return ((self.learning_rate - self.end_learning_rate) * frac ** self.power
+                + self.end_learning_rate)
 
     def get_config(self):
         return {**super().get_config(), "learning_rate": self.learning_rate,
@@ -170,7 +174,8 @@ class PolynomialSchedule(WarmupSchedule):
 
 @_register
 class CosineSchedule(WarmupSchedule):
-    """``lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)``."""
+    """``lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)``.
+    """
 
     def __init__(self, learning_rate, decay_steps, alpha=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -191,7 +196,8 @@ class CosineSchedule(WarmupSchedule):
 
 @_register
 class CosineRestartsSchedule(WarmupSchedule):
-    """SGDR: cosine cycles, the i-th ``first_decay_steps * t_mul**i`` long and peaking at ``lr * m_mul**i``."""
+    """SGDR: cosine cycles, the i-th ``first_decay_steps * t_mul**i`` long and peaking at
+    ``lr * m_mul**i``."""
 
     def __init__(self, learning_rate, first_decay_steps, t_mul=2.0, m_mul=1.0, alpha=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -268,7 +274,8 @@ class EpochExponentialSchedule(WarmupSchedule):
 
     def decay(self, step):
         epoch = tf.floor(step / self.steps_per_epoch)
-        return self.learning_rate * tf.exp(-self.rate * tf.maximum(0.0, epoch - self.hold_epochs + 1))
+        return self.learning_rate * tf.exp(
+            -self.rate * tf.maximum(0.0, epoch - self.hold_epochs + 1))
 
     def get_config(self):
         return {**super().get_config(), "learning_rate": self.learning_rate,
@@ -326,7 +333,8 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
       ConfigError: unknown name, warmup as long as training or longer, bad lengths.
     """
     if name not in SCHEDULES:
-        raise ConfigError(f"unknown learning-rate schedule {name!r}: use one of {', '.join(SCHEDULES)}")
+        raise ConfigError(f"unknown learning-rate schedule {name!r}: "
+                          f"use one of {', '.join(SCHEDULES)}")
     if steps_per_epoch <= 0:
         raise ConfigError(f"steps_per_epoch={steps_per_epoch} must be > 0")
     if warmup_epochs < 0 or (warmup_epochs > 0 and warmup_epochs >= epochs):
@@ -349,7 +357,8 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
         if len(multipliers) != len(boundaries) + 1:
             raise ConfigError(f"piecewise schedule: {len(boundaries)} boundaries need "
                               f"{len(boundaries) + 1} multipliers, got {len(multipliers)}")
-        return PiecewiseSchedule([steps(b) for b in boundaries], [lr * m for m in multipliers], **warm)
+        return PiecewiseSchedule([steps(b) for b in boundaries], [lr * m for m in multipliers],
+                                 **warm)
     if name == "exponential":
         return ExponentialSchedule(lr, steps(decay_epochs or after), decay_rate, **warm)
     if name == "polynomial":
@@ -357,8 +366,10 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
     if name == "cosine":
         return CosineSchedule(lr, steps(decay_epochs or after), min_lr_ratio, **warm)
     if name == "cosine_restarts":
-        return CosineRestartsSchedule(lr, steps(decay_epochs or after / 3), alpha=min_lr_ratio, **warm)
+        return CosineRestartsSchedule(lr, steps(decay_epochs or after / 3), alpha=min_lr_ratio,
+                                      **warm)
     if name == "one_cycle":
         return OneCycleSchedule(lr, max(2, steps(after)), **warm)
-    return EpochExponentialSchedule(lr, steps_per_epoch, 10 if decay_epochs is None else int(decay_epochs),
-                            decay_rate, **warm)
+    return EpochExponentialSchedule(lr, steps_per_epoch,
+                                    10 if decay_epochs is None else int(decay_epochs),
+                                    decay_rate, **warm)

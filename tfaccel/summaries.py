@@ -223,7 +223,8 @@ class LearningRateLogger(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = _writer(self.logdir)
         with self._writer.as_default():
-            tf.summary.scalar("learning_rate", current_learning_rate(self.model.optimizer), step=step)
+            tf.summary.scalar("learning_rate", current_learning_rate(self.model.optimizer),
+                              step=step)
         self._last_step = step
 
     def on_train_batch_end(self, batch, logs=None):

@@ -146,7 +146,8 @@ class PipelineConfig:
         if (self.normalize_mean is None) != (self.normalize_std is None):
             raise ConfigError("normalize needs both normalize_mean and normalize_std")
         if self.normalize_std is not None and (
-                len(self.normalize_std) != len(self.normalize_mean) or min(self.normalize_std) <= 0):
+                len(self.normalize_std) != len(self.normalize_mean)
+                or min(self.normalize_std) <= 0):
             raise ConfigError(f"normalize_mean={self.normalize_mean} and normalize_std="
                               f"{self.normalize_std} must have one value per channel, std > 0")
         if self.mixup_alpha < 0:
@@ -183,7 +184,8 @@ def steps_per_epoch(num_examples, batch_size, drop_remainder=False):
 
 
 def auto_shard_policy(info):
-    """'data' for in-memory sources, 'file' for sources read from files (`DatasetInfo.in_memory`)."""
+    """'data' for in-memory sources, 'file' for sources read from files (`DatasetInfo.in_memory`).
+    """
     return "data" if info.in_memory else "file"
 
 
@@ -229,7 +231,8 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     images_spec = dataset.element_spec[0]
     encoded = images_spec.dtype == tf.string
     if encoded and c.image_size is None:
-        raise ConfigError("the dataset holds encoded images: set image_size=(height, width) to decode them")
+        raise ConfigError("the dataset holds encoded images: set image_size=(height, width) "
+                          "to decode them")
     size = tuple(int(s) for s in c.image_size) if c.image_size else None
     num_classes = c.num_classes or (info.num_classes if info is not None else None)
     want_one_hot = c.one_hot or c.mixup_alpha > 0  # evaluation too: the same loss must fit
@@ -267,11 +270,13 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     has_vector_ops = c.rescale is not None or c.normalize_mean is not None or c.standardize
     if encoded or size or (c.central_crop or 1.0) < 1.0 or (crop and not training) or (
             vectors_before_cache and has_vector_ops):
-        dataset = dataset.map(per_example, num_parallel_calls=parallel, deterministic=c.deterministic)
+        dataset = dataset.map(per_example, num_parallel_calls=parallel,
+                              deterministic=c.deterministic)
     if crop:
         shape = dataset.element_spec[0].shape
         if shape.rank == 3 and shape[0] is not None and (crop[0] > shape[0] or crop[1] > shape[1]):
-            raise ConfigError(f"random_crop={crop} is larger than the images ({shape[0]}x{shape[1]})")
+            raise ConfigError(f"random_crop={crop} is larger than the images "
+                              f"({shape[0]}x{shape[1]})")
     if c.on_bad_example == "skip":
         dataset = dataset.ignore_errors(log_warning=True)
 
@@ -291,7 +296,8 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     if training:
         dataset = cached(dataset)
         buffer = c.shuffle_buffer or max(1, min(
-            n or 10_000, 10_000, int(c.shuffle_budget_mb * 2**20 // _element_bytes(dataset.element_spec))))
+            n or 10_000, 10_000,
+            int(c.shuffle_budget_mb * 2**20 // _element_bytes(dataset.element_spec))))
         if epoch is not None and seed is not None:
             dataset = _shuffled_per_epoch(dataset, buffer, seed, epoch)
         else:

@@ -167,15 +167,18 @@ def load_synthetic(input_shape=(8, 8, 1), num_classes=10, num_examples=1024, see
 def list_image_dir(path):
     """Returns (files, labels, class_names) of a folder of class subfolders."""
     if not path:
-        raise DataError("image_dir needs a folder: pass --data_dir=/path/with/one/subfolder/per/class")
+        raise DataError("image_dir needs a folder: "
+                        "pass --data_dir=/path/with/one/subfolder/per/class")
     if os.path.isfile(path):
         raise DataError(f"image folder {path!r} is a file, not a folder: pass a folder with one "
                         "subfolder per class" + (" (an .npz file is read by --dataset=npz)"
                                                  if path.endswith(".npz") else ""))
     if not os.path.isdir(path):
-        raise DataError(f"image folder {path!r} does not exist: pass a folder with one subfolder per class")
+        raise DataError(f"image folder {path!r} does not exist: pass a folder with one "
+                        "subfolder per class")
     class_names = sorted(
-        d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)) and not d.startswith(".")
+        d for d in os.listdir(path)
+        if os.path.isdir(os.path.join(path, d)) and not d.startswith(".")
     )
     if len(class_names) < 2:
         raise DataError(
@@ -306,10 +309,12 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
             train, test = _cut(*train, test_fraction, seed)
         if val is None:
             train, val = _cut(*train, validation_fraction, seed)
-        return from_arrays("npz", None, None, splits={"train": train, "validation": val, "test": test})
+        return from_arrays("npz", None, None,
+                           splits={"train": train, "validation": val, "test": test})
     both = pair("x", "y")
     if both is None:
-        raise DataError(f"npz file {path!r} has arrays {sorted(arrays)}; it needs x_train and y_train "
+        raise DataError(f"npz file {path!r} has arrays {sorted(arrays)}; "
+                        "it needs x_train and y_train "
                         "(optionally x_val, y_val, x_test, y_test) or x and y")
     return from_arrays("npz", *both, validation_fraction=validation_fraction,
                        test_fraction=test_fraction, seed=seed)
@@ -350,18 +355,21 @@ def load_dataset(name, data_dir=None, *, image_size=(64, 64), input_shape=(8, 8,
     if name == "synthetic":
         return load_synthetic(input_shape, num_classes, num_examples, seed)
     if name == "image_dir":
-        return load_image_dir(data_dir, image_size=image_size, seed=seed, on_bad_example=on_bad_example)
+        return load_image_dir(data_dir, image_size=image_size, seed=seed,
+                              on_bad_example=on_bad_example)
     if name == "npz":
         return load_npz(data_dir, seed=seed)
     if name == "tfrecord":
         from tfaccel.data.tfrecord import load_tfrecord
 
-        return load_tfrecord(data_dir, features, image_size=image_size, on_bad_example=on_bad_example)
+        return load_tfrecord(data_dir, features, image_size=image_size,
+                             on_bad_example=on_bad_example)
     if name == "tfds":
         from tfaccel.data.tfds import load_tfds
 
         if not tfds_name:
-            raise DataError("dataset 'tfds' needs a dataset name: pass --tfds_name=mnist (or name:version)")
+            raise DataError("dataset 'tfds' needs a dataset name: "
+                            "pass --tfds_name=mnist (or name:version)")
         return load_tfds(tfds_name, data_dir, image_size=image_size)
     raise DataError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)}")
 

@@ -87,7 +87,8 @@ def write_image_tfrecords(prefix, images, labels, num_shards=1, image_format="jp
     for i, (image, label) in enumerate(zip(images, labels)):
         buf = io.BytesIO()
         Image.fromarray(np.asarray(image).squeeze()).save(
-            buf, format=image_format.upper(), **({"quality": quality} if image_format == "jpeg" else {}))
+            buf, format=image_format.upper(),
+            **({"quality": quality} if image_format == "jpeg" else {}))
         example = tf.train.Example(features=tf.train.Features(feature={
             "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[buf.getvalue()])),
             "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
@@ -151,10 +152,12 @@ def scan_tfrecords(files, features, label_key="label"):
                                           f"({_parse_error_text(e)})"))
                         break
                     good += 1
-                    file_labels.extend(_parse_labels([record], features, label_key, path, good - 1, bad))
+                    file_labels.extend(_parse_labels([record], features, label_key, path,
+                                                     good - 1, bad))
                 break
             good += int(batch.shape[0])
-            file_labels.extend(_parse_labels(batch, features, label_key, path, good - int(batch.shape[0]), bad))
+            file_labels.extend(_parse_labels(batch, features, label_key, path,
+                                             good - int(batch.shape[0]), bad))
         counts.append(good)
         labels.append(np.asarray(file_labels, np.int64))
     return TFRecordScan(tuple(counts), tuple(labels), tuple(bad))
@@ -174,15 +177,18 @@ def _single_records(path, start):
 
 def _parse_labels(records, features, label_key, path, first_index, bad):
     try:
-        parsed = tf.io.parse_example(tf.stack(records) if isinstance(records, list) else records, features)
+        parsed = tf.io.parse_example(tf.stack(records) if isinstance(records, list) else records,
+                                     features)
         return list(np.asarray(parsed[label_key]).reshape(len(parsed[label_key]), -1)[:, 0])
     except tf.errors.InvalidArgumentError:
         out = []
         for i, record in enumerate(records):
             try:
-                out.append(int(np.asarray(tf.io.parse_single_example(record, features)[label_key]).reshape(-1)[0]))
+                out.append(int(np.asarray(
+                    tf.io.parse_single_example(record, features)[label_key]).reshape(-1)[0]))
             except (tf.errors.InvalidArgumentError, IndexError) as e:
-                bad.append((f"{path}#{first_index + i}", f"record does not parse ({_parse_error_text(e)})"))
+                bad.append((f"{path}#{first_index + i}",
+                            f"record does not parse ({_parse_error_text(e)})"))
         return out
 
 
@@ -249,14 +255,16 @@ def load_tfrecord(path, features=DEFAULT_FEATURES, *, image_key="image", label_k
     scan = scan_tfrecords(files, spec, label_key)
     if scan.bad and on_bad_example == "fail":
         where, why = scan.bad[0]
-        raise DataError(f"bad TFRecord {where}: {why}; fix or remove it, or pass --on_bad_example=skip")
+        raise DataError(f"bad TFRecord {where}: {why}; fix or remove it, "
+                        "or pass --on_bad_example=skip")
     for where, why in scan.bad:
         log.warning("skipping bad TFRecord data %s: %s", where, why)
     all_labels = np.concatenate(scan.labels) if scan.labels else np.zeros(0, np.int64)
     if all_labels.size == 0:
         raise DataError(f"TFRecord files at {path!r} hold no readable records")
     if all_labels.min() < 0:
-        raise DataError(f"TFRecord label {label_key!r} has negative values; labels must be class ids 0..N-1")
+        raise DataError(f"TFRecord label {label_key!r} has negative values; "
+                        "labels must be class ids 0..N-1")
     num_classes = max(2, int(all_labels.max()) + 1)
 
     by_split = {s: [i for i, f in enumerate(files) if _split_of(f) == s]
@@ -312,7 +320,8 @@ def load_tfrecord(path, features=DEFAULT_FEATURES, *, image_key="image", label_k
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.ignore_errors(log_warning=True) if on_bad_example == "skip" else ds
 
-    input_shape = (*size, channels) if image_feature.dtype == tf.string else tuple(image_feature.shape)
+    input_shape = ((*size, channels) if image_feature.dtype == tf.string
+                   else tuple(image_feature.shape))
 
     def count(file_ids, keep=None, drop=()):
         total = 0
