@@ -75,13 +75,13 @@ BASELINE_KEYS = ("dataset", "model", "model_fn", "epochs", "batch_size", "optimi
 def prune_config():
     from tfaccel.prune import PruneConfig
 
-    def ints(values, name):
+    def ints(values):
         return common.int_list(values) if values else None
 
     return PruneConfig(
         schedule=FLAGS.pruning_schedule, begin_epoch=FLAGS.begin_epoch, end_epoch=FLAGS.end_epoch,
-        frequency=FLAGS.pruning_frequency, m_by_n=ints(FLAGS.m_by_n, "m_by_n"),
-        block_size=ints(FLAGS.block_size, "block_size"), block_pooling=FLAGS.block_pooling,
+        frequency=FLAGS.pruning_frequency, m_by_n=ints(FLAGS.m_by_n),
+        block_size=ints(FLAGS.block_size), block_pooling=FLAGS.block_pooling,
         policy=FLAGS.pruning_policy, include=tuple(FLAGS.include_layers),
         exclude=tuple(FLAGS.exclude_layers), keep_first_conv=not FLAGS.prune_first_conv,
         min_weights=FLAGS.min_weights)
