@@ -51,7 +51,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from tfaccel.memory import HOST_ALLOCATORS  # noqa: E402
+from tfaccel.performance.memory import HOST_ALLOCATORS  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_images", 2000, "Synthetic JPEGs to write.", lower_bound=64)
@@ -63,7 +63,7 @@ flags.DEFINE_integer("repeats", 3, "Rounds; the best run of each pipeline counts
 flags.DEFINE_string("out_dir", "runs/bench_data", "Where the report, plot and logs go.")
 flags.DEFINE_string("data_dir", None, "Where the TFRecords go (default: a temporary folder).")
 flags.DEFINE_enum("host_allocator", "pooled", HOST_ALLOCATORS, "Host tensors of every pipeline "
-                  "from TensorFlow's pooled allocator (tfaccel.memory.use_pooled_host_allocator, "
+                  "from TensorFlow's pooled allocator (tfaccel.use_pooled_host_allocator, "
                   "as the recipes do) or from malloc (TensorFlow's default).")
 
 TARGETS = (("tfaccel / serial", 1.5), ("tfaccel / hand-optimized", 0.95),
@@ -166,7 +166,7 @@ def epoch_rate(dataset):
 
 def main(argv):
     del argv
-    from tfaccel import memory
+    from tfaccel.performance import memory
 
     if FLAGS.host_allocator == "pooled":  # before TensorFlow allocates: every pipeline alike
         memory.use_pooled_host_allocator()

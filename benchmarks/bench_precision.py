@@ -39,9 +39,11 @@ flags.DEFINE_string("output_dir", "runs/bench_precision", "Where results.json, t
 
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import data, io, memory, monitor, precision, training
+    from tfaccel import data, io, monitor
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
+    from tfaccel.performance import memory, precision
+    from tfaccel.train import training
 
     policies = [precision.check_precision(p) for p in FLAGS.precisions]
     jits = [precision.parse_jit_compile(j) for j in FLAGS.jit_compile]

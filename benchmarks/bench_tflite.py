@@ -67,7 +67,8 @@ def run_recipe():
 
 def main(argv):
     del argv
-    from tfaccel import io, tflite
+    from tfaccel import io
+    from tfaccel.compress import tflite
 
     timing = {}
     if FLAGS.report:

@@ -31,8 +31,10 @@ flags.DEFINE_integer("repeats", 3, "Timed runs; the best counts.", lower_bound=1
 def main(argv):
     common.reject_extra_args(argv)
     common.use_host_allocator()  # as the train recipe does, so both measure the same input speed
-    from tfaccel import data, diagnose, io, summaries, training
+    from tfaccel import data, io, summaries
     from tfaccel.keras import keras
+    from tfaccel.performance import diagnose
+    from tfaccel.train import training
 
     common.check_host_allocator()
 

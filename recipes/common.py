@@ -165,7 +165,7 @@ def load_data():
 
 def load_model(info):
     """The model the flags ask for, checked against the dataset `info`."""
-    from tfaccel.models import resolve_model
+    from tfaccel.train.models import resolve_model
 
     return resolve_model(FLAGS.model, info.input_shape, info.num_classes, FLAGS.model_fn)
 
@@ -240,7 +240,7 @@ def define_schedule_flags():
 
 
 def define_host_allocator_flag():
-    """--host_allocator (tfaccel.memory.use_pooled_host_allocator)."""
+    """--host_allocator (tfaccel.performance.memory.use_pooled_host_allocator)."""
     flags.DEFINE_enum("host_allocator", "pooled", choices.HOST_ALLOCATORS, "Host (CPU) tensors "
                       "from TensorFlow's pooled BFC allocator (faster parallel input pipelines; "
                       "keeps its peak) or from malloc (TensorFlow's default).",
@@ -249,7 +249,7 @@ def define_host_allocator_flag():
 
 def use_host_allocator():
     """Applies --host_allocator; call before TensorFlow allocates its first tensor."""
-    from tfaccel import memory
+    from tfaccel.performance import memory
 
     if FLAGS.host_allocator == "pooled":
         memory.use_pooled_host_allocator()
@@ -257,7 +257,7 @@ def use_host_allocator():
 
 def check_host_allocator():
     """Warns when --host_allocator=pooled came too late; initializes TensorFlow's devices."""
-    from tfaccel import memory
+    from tfaccel.performance import memory
 
     if FLAGS.host_allocator == "pooled" and not memory.pooled_host_allocator_active():
         print("warning: --host_allocator=pooled had no effect: TensorFlow allocated host memory "
@@ -295,8 +295,8 @@ def define_performance_flags():
 
 
 def lr_schedule(learning_rate, steps_per_epoch):
-    """The `tfaccel.schedules` schedule the schedule flags ask for."""
-    from tfaccel.schedules import make_schedule
+    """The `tfaccel.train.schedules` schedule the schedule flags ask for."""
+    from tfaccel.train.schedules import make_schedule
 
     def floats(values, name):
         try:

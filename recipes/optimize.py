@@ -95,9 +95,11 @@ def main(argv):
         distribute.split_cpu(FLAGS.cpu_devices)
     import numpy as np
 
-    from tfaccel import data, io, prune, quantize, report, summaries, tflite, training
+    from tfaccel import data, io, summaries
+    from tfaccel.compress import prune, quantize, report, tflite
     from tfaccel.keras import keras
-    from tfaccel.models import is_model_path
+    from tfaccel.train import training
+    from tfaccel.train.models import is_model_path
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)

@@ -73,7 +73,7 @@ BASELINE_KEYS = ("dataset", "model", "model_fn", "epochs", "batch_size", "optimi
 
 
 def prune_config():
-    from tfaccel.prune import PruneConfig
+    from tfaccel.compress.prune import PruneConfig
 
     def ints(values):
         return common.int_list(values) if values else None
@@ -100,9 +100,12 @@ def main(argv):
 
     if FLAGS.cpu_devices is not None:  # before TensorFlow initializes its devices
         distribute.split_cpu(FLAGS.cpu_devices)
-    from tfaccel import data, io, precision, prune, resume, sparsity, summaries, training
+    from tfaccel import data, io, summaries
+    from tfaccel.compress import prune, sparsity
     from tfaccel.keras import keras
-    from tfaccel.models import is_model_path, load_model_file
+    from tfaccel.performance import precision
+    from tfaccel.train import resume, training
+    from tfaccel.train.models import is_model_path, load_model_file
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)
@@ -205,7 +208,7 @@ def main(argv):
     sparsity.save_without_optimizer(stripped, os.path.join(model_dir, "pruned", "model.keras"))
     tflite_accuracy = None
     if FLAGS.tflite:
-        from tfaccel.tflite import evaluate_tflite
+        from tfaccel.compress.tflite import evaluate_tflite
 
         tflite_accuracy = evaluate_tflite(sizes["tflite_sparse"]["path"], splits.test,
                                           progress=False)["accuracy"]

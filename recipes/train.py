@@ -44,7 +44,8 @@ flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a fin
 
 def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
     """Compiles `model` as this recipe trains it: loss scaling for float16, XLA, accumulation."""
-    from tfaccel import accumulate, precision, training
+    from tfaccel.performance import accumulate, precision
+    from tfaccel.train import training
 
     optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
     training.compile_classifier(model, precision.wrap_optimizer(optimizer, policy),
@@ -55,8 +56,9 @@ def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
 
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import accumulate, batch_size, distribute, memory, monitor, precision
+    from tfaccel import distribute, monitor
     from tfaccel.errors import ConfigError
+    from tfaccel.performance import accumulate, memory, precision, trials
 
     # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
     common.use_host_allocator()  # before TensorFlow allocates its first tensor
@@ -65,8 +67,10 @@ def main(argv):
     # GPU memory settings likewise (on a machine without GPUs they only warn).
     memory.configure_gpu_memory(growth=FLAGS.memory_growth, limit_mb=FLAGS.gpu_memory_limit,
                                 allocator=FLAGS.gpu_allocator)
-    from tfaccel import data, diagnose, io, resume, summaries, training
+    from tfaccel import data, io, summaries
     from tfaccel.keras import keras
+    from tfaccel.performance import diagnose
+    from tfaccel.train import resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     keras.utils.set_random_seed(FLAGS.seed)
@@ -122,7 +126,7 @@ def main(argv):
     search = None
     if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
         with strategy.scope():
-            search = batch_size.find_batch_size(
+            search = trials.find_batch_size(
                 model, lambda size: data.build_pipeline(
                     splits.train, common.pipeline_config(size, drop_remainder=True),
                     training=True, info=splits.info, seed=FLAGS.seed),

@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored_strategy, run_recipe
 
-from tfaccel import accumulate, precision
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
+from tfaccel.performance import accumulate, precision
 
 BATCH, STEPS = 32, 4  # 4 micro-batches of 8
 

@@ -7,8 +7,10 @@ import pytest
 import tensorflow as tf
 from conftest import RECIPES, run_recipe
 
-from tfaccel import batch_size, data, models, summaries
+from tfaccel import data, summaries
 from tfaccel.errors import ConfigError
+from tfaccel.performance import trials
+from tfaccel.train import models
 
 
 def _fake_measure(rates, peaks=None, oom_from=None, calls=None):
@@ -26,7 +28,7 @@ RATES = {16: 100.0, 32: 180.0, 64: 300.0, 128: 350.0, 256: 340.0, 512: 330.0, 10
 
 
 def test_out_of_memory_stops_the_search_below_it():
-    result = batch_size.search_batch_size(_fake_measure(RATES, oom_from=128), list(RATES))
+    result = trials.search_batch_size(_fake_measure(RATES, oom_from=128), list(RATES))
     assert result.batch_size == 64
     assert [(r["batch_size"], r["status"]) for r in result.table] == [
         (16, "ok"), (32, "ok"), (64, "ok"), (128, "out of memory")]
@@ -34,7 +36,7 @@ def test_out_of_memory_stops_the_search_below_it():
 
 def test_memory_budget_stops_the_search():
     peaks = {16: 100, 32: 150, 64: 250, 128: 450}
-    result = batch_size.search_batch_size(_fake_measure(RATES, peaks), list(RATES),
+    result = trials.search_batch_size(_fake_measure(RATES, peaks), list(RATES),
                                           memory_budget_mb=300)
     assert result.batch_size == 64
     assert result.table[-1] == {"batch_size": 128, "status": "over memory budget",
@@ -45,7 +47,7 @@ def test_memory_budget_stops_the_search():
 
 def test_keeps_the_fastest_and_stops_when_throughput_stops_growing():
     calls = []
-    result = batch_size.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES),
+    result = trials.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES),
                                           patience=2)
     assert result.batch_size == 128
     assert calls == [16, 32, 64, 128, 256, 512]  # two sizes without a gain, then stop
@@ -53,13 +55,13 @@ def test_keeps_the_fastest_and_stops_when_throughput_stops_growing():
 
 def test_nothing_fits():
     with pytest.raises(ConfigError, match="no batch size fits: 16 already ran out of memory"):
-        batch_size.search_batch_size(_fake_measure(RATES, oom_from=16), [16, 32])
+        trials.search_batch_size(_fake_measure(RATES, oom_from=16), [16, 32])
 
 
 def test_candidate_sizes():
-    assert batch_size.candidate_sizes(16, 100) == [16, 32, 64]
+    assert trials.candidate_sizes(16, 100) == [16, 32, 64]
     with pytest.raises(ConfigError, match="range 64..32 is empty"):
-        batch_size.candidate_sizes(64, 32)
+        trials.candidate_sizes(64, 32)
 
 
 def test_real_search_with_an_injected_out_of_memory():
@@ -71,9 +73,9 @@ def test_real_search_with_an_injected_out_of_memory():
     def measure(size):
         if size >= 64:
             raise tf.errors.ResourceExhaustedError(None, None, "injected OOM")
-        return batch_size.measure_batch_size(model, splits.train, size, warmup=1, steps=3)
+        return trials.measure_batch_size(model, splits.train, size, warmup=1, steps=3)
 
-    result = batch_size.search_batch_size(measure, batch_size.candidate_sizes(16, 256))
+    result = trials.search_batch_size(measure, trials.candidate_sizes(16, 256))
     assert result.batch_size in (16, 32)
     ok = [r for r in result.table if r["status"] == "ok"]
     assert [r["batch_size"] for r in ok] == [16, 32]

@@ -1,4 +1,4 @@
-"""tfaccel.diagnose: input-bound vs compute-bound, with the model left as it was."""
+"""tfaccel.performance.diagnose: input-bound vs compute-bound, with the model left as it was."""
 
 import json
 import time
@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored_strategy
 
-from tfaccel import diagnose
 from tfaccel.data import PipelineConfig
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.performance import diagnose
 from tfaccel.summaries import read_scalars, read_text
 
 

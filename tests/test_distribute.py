@@ -14,10 +14,11 @@ import pytest
 import tensorflow as tf
 from conftest import NUM_CPU_DEVICES, RECIPES, ROOT
 
-from tfaccel import data, distribute, training
+from tfaccel import data, distribute
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
-from tfaccel.models import build_model
+from tfaccel.train import training
+from tfaccel.train.models import build_model
 
 CLUSTER_VARS = ("TF_CONFIG", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
                 "SLURM_STEP_TASKS_PER_NODE")

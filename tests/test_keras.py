@@ -39,7 +39,7 @@ def test_helpers_reject_keras3_models():
     with pytest.raises(tfaccel.WrongKerasError):
         tfaccel.compile_classifier(_keras3_model(), tfaccel.make_optimizer("sgd", 0.1))
     with pytest.raises(tfaccel.WrongKerasError):
-        tfaccel.models.check_model_fits(_keras3_model(), (4,), 2)
+        tfaccel.train.models.check_model_fits(_keras3_model(), (4,), 2)
 
 
 def test_no_module_imports_keras_directly():

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from tfaccel import launch
+from tfaccel.distribute import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "recipes", "train.py")
@@ -28,7 +28,7 @@ CLUSTER_VARS = ("TF_CONFIG", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS")
 
 def mlp_without_dropout(input_shape, num_classes):
     """A dropout-free model for --model_fn, so that replicas and one worker compute the same."""
-    from tfaccel.models import build_model
+    from tfaccel.train.models import build_model
 
     return build_model("mlp", input_shape, num_classes, hidden=(64,), dropout=0)
 

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from tfaccel import memory, summaries
+from tfaccel import summaries
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.performance import memory
 
 
 def test_gpu_settings_on_a_machine_without_gpus_only_warn(monkeypatch):
@@ -77,7 +78,7 @@ def test_free_memory_resets_keras_global_state():
 
 _POOL_CHECK = """
 import tensorflow as tf
-from tfaccel import memory
+from tfaccel.performance import memory
 if {pooled}:
     memory.use_pooled_host_allocator(limit_mb=512)
 x = tf.ones((256, 1024)) * 2.0  # the first allocation creates TensorFlow's CPU allocator

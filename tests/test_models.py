@@ -1,4 +1,4 @@
-"""tfaccel.models: the zoo fits any shape, user models load, mismatches are caught."""
+"""tfaccel.train.models: the zoo fits any shape, user models load, mismatches are caught."""
 
 import sys
 import textwrap
@@ -8,8 +8,8 @@ import pytest
 from user_models import TinySubclassed
 
 import tfaccel
-from tfaccel import models
 from tfaccel.keras import keras
+from tfaccel.train import models
 
 
 @pytest.mark.parametrize("name", models.MODELS)
@@ -135,7 +135,9 @@ def test_subclassed_model_is_checked_by_calling_it():
 def test_choices_have_one_home_without_tensorflow():
     import subprocess
 
-    from tfaccel import choices, data, distribute, memory, precision, schedules, training
+    from tfaccel import choices, data, distribute
+    from tfaccel.performance import memory, precision
+    from tfaccel.train import schedules, training
 
     assert models.MODELS is choices.MODELS and data.DATASETS is choices.DATASETS
     assert training.OPTIMIZERS is choices.OPTIMIZERS and schedules.SCHEDULES is choices.SCHEDULES

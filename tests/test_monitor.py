@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfaccel import memory, monitor, summaries
+from tfaccel import monitor, summaries
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.performance import memory
 
 
 def _model():

@@ -7,9 +7,11 @@ import pytest
 import tensorflow as tf
 from conftest import run_recipe
 
-from tfaccel import data, models, monitor, precision, summaries, training
+from tfaccel import data, monitor, summaries
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
+from tfaccel.performance import precision
+from tfaccel.train import models, training
 
 
 @pytest.fixture(scope="module")

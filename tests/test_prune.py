@@ -1,4 +1,4 @@
-"""tfaccel.prune and tfaccel.sparsity: schedules, layer choice, strategy x precision, 2:4,
+"""compress.prune and compress.sparsity: schedules, layer choice, strategy x precision, 2:4,
 resume."""
 
 import os
@@ -8,11 +8,12 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored_strategy
 
-from tfaccel import prune, sparsity, summaries
+from tfaccel import summaries
+from tfaccel.compress import prune, sparsity
 from tfaccel.errors import ConfigError, UnsupportedLayerError
 from tfaccel.keras import keras
-from tfaccel.models import build_model, load_model_file
-from tfaccel.training import compile_classifier, make_optimizer
+from tfaccel.train.models import build_model, load_model_file
+from tfaccel.train.training import compile_classifier, make_optimizer
 
 BATCH, STEPS = 32, 5
 

@@ -10,7 +10,8 @@ import time
 import pytest
 from conftest import RECIPES, ROOT, run_recipe
 
-from tfaccel import sparsity, summaries
+from tfaccel import summaries
+from tfaccel.compress import sparsity
 from tfaccel.io import gzipped_size
 from tfaccel.keras import keras
 

@@ -1,4 +1,4 @@
-"""tfaccel.quantize: the layer check, flattening, QAT under strategies and precisions,
+"""tfaccel.compress.quantize: the layer check, flattening, QAT under strategies and precisions,
 prune-preserve."""
 
 import logging
@@ -8,8 +8,10 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored_strategy
 
-from tfaccel import data, errors, models, quantize, tflite, training
+from tfaccel import data, errors
+from tfaccel.compress import quantize, tflite
 from tfaccel.keras import keras
+from tfaccel.train import models, training
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +192,7 @@ def test_batchnorm_is_folded_into_the_convolutions(tmp_path):
 
 
 def _pruned_and_stripped(model):
-    from tfaccel import prune
+    from tfaccel.compress import prune
 
     pruned, _ = prune.prune_to_sparsity(model, 0.8, 2, 5)
     for layer in pruned.layers:  # masks as after fine-tuning, without the training time
@@ -272,7 +274,7 @@ def test_resizing_keeps_its_input_scale_in_qat(tmp_path):
 
 
 def test_check_quantize_aware_sees_what_pruning_and_qat_will_build():
-    from tfaccel import prune
+    from tfaccel.compress import prune
 
     model = models.build_model("resnet", (8, 8, 1), 10, widths=(8, 16), blocks_per_stage=1)
     before = [w.copy() for w in model.get_weights()]

@@ -1,11 +1,12 @@
-"""tfaccel.report: ratios against the baseline, the plot, and the report in files and
+"""tfaccel.compress.report: ratios against the baseline, the plot, and the report in files and
 TensorBoard."""
 
 import json
 
 import pytest
 
-from tfaccel import errors, report, summaries
+from tfaccel import errors, summaries
+from tfaccel.compress import report
 
 MEASURED = [
     {"variant": "float", "accuracy": 0.98, "bytes": 600, "gzip_bytes": 500, "latency_p50_us": 50.0},

@@ -1,4 +1,4 @@
-"""tfaccel.resume: backups, where training resumes, and a real kill -9 of the train recipe."""
+"""tfaccel.train.resume: backups, where training resumes, and a real kill -9 of the train recipe."""
 
 import json
 import os
@@ -15,9 +15,10 @@ import pytest
 import tensorflow as tf
 from conftest import RECIPES, ROOT
 
-from tfaccel import data, distribute, resume, training
+from tfaccel import data, distribute
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.train import resume, training
 
 
 class _Crash(Exception):

@@ -1,4 +1,4 @@
-"""tfaccel.schedules: closed forms, warmup, serialization with a compiled model, the train
+"""tfaccel.train.schedules: closed forms, warmup, serialization with a compiled model, the train
 recipe."""
 
 import math
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfaccel import schedules
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.summaries import current_learning_rate, read_scalars
+from tfaccel.train import schedules
 
 LR = 0.5
 

@@ -1,12 +1,14 @@
-"""tfaccel.tflite: conversion modes, evaluation with int8 scales, latency, sizes, agreement."""
+"""compress.tflite: conversion modes, evaluation with int8 scales, latency, sizes, agreement."""
 
 import os
 
 import numpy as np
 import pytest
 
-from tfaccel import data, errors, models, tflite, training
+from tfaccel import data, errors
+from tfaccel.compress import tflite
 from tfaccel.keras import keras
+from tfaccel.train import models, training
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_recipe
 
 from tfaccel import summaries
-from tfaccel.models import load_model_file
+from tfaccel.train.models import load_model_file
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tfaccel.training: stopping on a NaN/Inf loss (alone and in every recipe), finished runs."""
+"""tfaccel.train.training: stopping on a NaN/Inf loss (alone and in every recipe), finished runs."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 from conftest import RECIPES, ROOT
 
-from tfaccel import training
 from tfaccel.errors import TfaccelError, TrainingError
 from tfaccel.keras import keras
+from tfaccel.train import training
 
 
 class _Epochs(keras.callbacks.Callback):
@@ -71,7 +71,7 @@ def test_float16_without_loss_scaling_is_named_first():
     x = _data()
     x[6, 1] = np.nan
     with pytest.raises(TrainingError, match=r"at epoch 1, step 2 .*: use loss scaling for "
-                                            r"float16 \(tfaccel.precision.wrap_optimizer\)"):
+                                            r"float16 \(tfaccel.wrap_optimizer\)"):
         _fit(x, dtype="mixed_float16")
 
 

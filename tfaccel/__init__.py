@@ -17,6 +17,7 @@ Example:
 
 import importlib
 
+from tfaccel import _aliases
 from tfaccel.errors import (
     ConfigError as ConfigError,
     DataError as DataError,
@@ -33,46 +34,74 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object"],
     "tfaccel.data": [
-        "DATASETS", "DatasetInfo", "Splits", "PipelineConfig", "load_dataset", "load_digits",
-        "load_synthetic", "load_image_dir", "load_npz", "load_tfrecord", "load_tfds",
-        "from_arrays", "batch_dataset", "build_pipeline", "build_splits", "steps_per_epoch",
-        "write_image_tfrecords",
+        "DATASETS", "DatasetInfo", "Splits", "PipelineConfig", "load_dataset",
+        "load_digits", "load_synthetic", "load_image_dir", "load_npz", "load_tfrecord",
+        "load_tfds", "from_arrays", "batch_dataset", "build_pipeline", "build_splits",
+        "steps_per_epoch", "write_image_tfrecords",
     ],
-    "tfaccel.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
-    "tfaccel.training": ["make_optimizer", "compile_classifier", "evaluate", "export_model",
-                         "StopOnNonFiniteLoss", "read_finished_run"],
-    "tfaccel.summaries": ["read_scalars", "read_text", "read_image_tags", "ThroughputLogger",
-                          "LearningRateLogger", "TensorBoard", "tensorboard_command"],
-    "tfaccel.distribute": ["STRATEGIES", "make_strategy", "split_cpu", "per_replica_batch_size",
-                           "with_shard_policy", "worker_output_dir"],
-    "tfaccel.resume": ["backup_callbacks", "ResumeReporter", "EpochCounter", "read_backup",
-                       "remove_backup"],
-    "tfaccel.precision": ["PRECISIONS", "set_precision", "precision_scope", "apply_precision",
-                          "wrap_optimizer", "scaled_gradients", "precision_advice", "auto_select",
-                          "choose_fastest", "layer_dtypes"],
-    "tfaccel.accumulate": ["enable_gradient_accumulation"],
-    "tfaccel.batch_size": ["find_batch_size", "search_batch_size"],
-    "tfaccel.memory": ["configure_gpu_memory", "use_pooled_host_allocator",
-                       "pooled_host_allocator_active", "host_allocator", "free_memory",
-                       "PeakMemoryLogger"],
+    "tfaccel.train.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
+    "tfaccel.train.training": [
+        "make_optimizer", "compile_classifier", "evaluate", "export_model",
+        "StopOnNonFiniteLoss", "read_finished_run",
+    ],
+    "tfaccel.train.schedules": [
+        "SCHEDULES", "make_schedule", "scale_learning_rate", "ConstantSchedule",
+        "StepSchedule", "PiecewiseSchedule", "ExponentialSchedule", "PolynomialSchedule",
+        "CosineSchedule", "CosineRestartsSchedule", "OneCycleSchedule",
+        "EpochExponentialSchedule",
+    ],
+    "tfaccel.train.resume": [
+        "backup_callbacks", "ResumeReporter", "EpochCounter", "read_backup",
+        "remove_backup",
+    ],
+    "tfaccel.summaries": [
+        "read_scalars", "read_text", "read_image_tags", "ThroughputLogger",
+        "LearningRateLogger", "TensorBoard", "tensorboard_command",
+    ],
+    "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
+    "tfaccel.distribute.batching": [
+        "per_replica_batch_size", "with_shard_policy", "worker_output_dir",
+    ],
+    "tfaccel.performance.precision": [
+        "PRECISIONS", "set_precision", "precision_scope", "apply_precision",
+        "wrap_optimizer", "scaled_gradients", "precision_advice", "auto_select",
+        "choose_fastest", "layer_dtypes",
+    ],
+    "tfaccel.performance.trials": ["find_batch_size", "search_batch_size"],
+    "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
+    "tfaccel.performance.memory": [
+        "configure_gpu_memory", "use_pooled_host_allocator",
+        "pooled_host_allocator_active", "host_allocator", "free_memory", "PeakMemoryLogger",
+    ],
+    "tfaccel.performance.diagnose": ["diagnose_input", "InputDiagnosis"],
     "tfaccel.monitor": ["HardwareMonitor", "time_training"],
-    "tfaccel.schedules": ["SCHEDULES", "make_schedule", "scale_learning_rate", "ConstantSchedule",
-                          "StepSchedule", "PiecewiseSchedule", "ExponentialSchedule",
-                          "PolynomialSchedule", "CosineSchedule", "CosineRestartsSchedule",
-                          "OneCycleSchedule", "EpochExponentialSchedule"],
-    "tfaccel.diagnose": ["diagnose_input", "InputDiagnosis"],
-    "tfaccel.prune": ["PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity",
-                      "strip_pruning", "make_pruning_schedule", "load_pruned_model"],
-    "tfaccel.sparsity": ["sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger"],
-    "tfaccel.quantize": ["quantize_aware", "check_qat_ready", "check_quantize_aware",
-                         "flatten_model", "unsupported_layers"],
-    "tfaccel.tflite": ["convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
-                       "tflite_sizes", "prediction_agreement", "weight_sparsity"],
-    "tfaccel.report": ["write_report", "comparison_rows"],
+    "tfaccel.compress.prune": [
+        "PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity", "strip_pruning",
+        "make_pruning_schedule", "load_pruned_model",
+    ],
+    "tfaccel.compress.sparsity": [
+        "sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger",
+    ],
+    "tfaccel.compress.quantize": [
+        "quantize_aware", "check_qat_ready", "check_quantize_aware", "flatten_model",
+        "unsupported_layers",
+    ],
+    "tfaccel.compress.tflite": [
+        "convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
+        "tflite_sizes", "prediction_agreement", "weight_sparsity",
+    ],
+    "tfaccel.compress.report": ["write_report", "comparison_rows"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = {m.rpartition(".")[2] for m in _EXPORTS} | {"io", "doctor", "launch", "errors",
-                                                          "choices", "quiet"}
+# Submodules reachable as attributes: the areas, the top-level modules, and each moved
+# module under its old flat name (`tfaccel.precision` is tfaccel.performance.precision).
+_SUBMODULES = {
+    **{name: f"tfaccel.{name}" for name in (
+        "data", "train", "performance", "distribute", "compress", "errors", "keras", "io",
+        "summaries", "monitor", "doctor", "cli", "choices", "quiet")},
+    **{old.rpartition(".")[2]: new for old, new in _aliases.MOVED.items()},
+}
+_aliases.install()
 
 __all__ = sorted(
     [*_WHERE, "ConfigError", "DataError", "ModelError", "TfaccelError", "TrainingError",
@@ -83,7 +112,7 @@ def __getattr__(name):
     if name in _WHERE:
         value = getattr(importlib.import_module(_WHERE[name]), name)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f"tfaccel.{name}")
+        value = importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'tfaccel' has no attribute {name!r}")
     globals()[name] = value
@@ -91,4 +120,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

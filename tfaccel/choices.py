@@ -2,7 +2,7 @@
 
 The recipes define their flags from these lists before TensorFlow is imported,
 so that a bad flag is reported in a fraction of a second; the modules that act
-on a choice (`tfaccel.data`, `tfaccel.models`, `tfaccel.distribute`, ...) import
+on a choice (`tfaccel.data`, `tfaccel.train.models`, `tfaccel.distribute`, ...) import
 their list from here and re-export it (`tfaccel.DATASETS` is this `DATASETS`).
 Nothing here may import TensorFlow, Keras or NumPy.
 """

@@ -49,7 +49,7 @@ def _parser():
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
-        from tfaccel import launch
+        from tfaccel.distribute import launch
 
         return launch.main(argv[1:])
     args = _parser().parse_args(argv)

@@ -22,6 +22,7 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from tfaccel import summaries
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 
@@ -94,7 +95,7 @@ def default_sampler(gpus=None):
     return CpuSampler()
 
 
-class HardwareMonitor(keras.callbacks.Callback):
+class HardwareMonitor(summaries.ScalarLogger):
     """Logs hardware load every `every_n_steps` training steps to TensorBoard.
 
     Scalars are named `monitor/<name>` (e.g. `monitor/gpu0_utilization`,
@@ -115,23 +116,20 @@ class HardwareMonitor(keras.callbacks.Callback):
     """
 
     def __init__(self, logdir, every_n_steps=50, sampler=None):
-        super().__init__()
         if int(every_n_steps) < 1:
             raise ConfigError(f"every_n_steps={every_n_steps}: the monitor needs a period of at "
                               "least 1 step")
-        self.logdir = str(logdir)
+        super().__init__(logdir)
         self.every_n_steps = int(every_n_steps)
         self.sampler = sampler
         self._owns_sampler = sampler is None
         self._supports_tf_logs = True  # it never reads logs: don't make Keras wait for each step
         self.history = []
         self._step = 0
-        self._writer = None
 
     def on_train_begin(self, logs=None):
         if self.sampler is None:
             self.sampler = default_sampler()
-        self._writer = tf.summary.create_file_writer(self.logdir)
 
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
@@ -139,18 +137,14 @@ class HardwareMonitor(keras.callbacks.Callback):
             return
         values = self.sampler.sample()
         self.history.append({"step": self._step, **values})
-        with self._writer.as_default():
-            for name, value in values.items():
-                tf.summary.scalar(f"monitor/{name}", value, step=self._step)
+        # Flushed at epoch ends, not per sample, to keep file writes out of the step loop.
+        self.write({f"monitor/{name}": v for name, v in values.items()}, self._step, flush=False)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._writer is not None:
-            self._writer.flush()
+        self.flush()
 
     def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        super().on_train_end(logs)
         if self._owns_sampler and self.sampler is not None:
             if hasattr(self.sampler, "close"):
                 self.sampler.close()

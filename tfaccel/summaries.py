@@ -24,6 +24,7 @@ from tfaccel.keras import keras
 
 
 def _writer(logdir):
+    """The one way tfaccel opens a TensorBoard event-file writer."""
     return tf.summary.create_file_writer(str(logdir))
 
 
@@ -127,7 +128,51 @@ def read_image_tags(logdir):
     return sorted(tags)
 
 
-class EpochScalarLogger(keras.callbacks.Callback):
+class ScalarLogger(keras.callbacks.Callback):
+    """Base of every tfaccel callback that writes scalars to TensorBoard.
+
+    It owns the writer's lifecycle, so that each logger only decides what to
+    measure and when: the writer opens on the first `write`, each `write`
+    flushes (the curve is readable while training runs), and `on_train_end`
+    closes it. Subclasses that override `on_train_end` call `super()`.
+
+    Example:
+
+        class LossLogger(summaries.ScalarLogger):
+            def on_epoch_end(self, epoch, logs=None):
+                self.write({"my/loss": logs["loss"]}, step=epoch)
+
+    Args:
+      logdir: TensorBoard log directory.
+    """
+
+    def __init__(self, logdir):
+        super().__init__()
+        self.logdir = str(logdir)
+        self._writer = None
+
+    def write(self, values, step, flush=True):
+        """Writes each `{tag: value}` as a scalar at `step`, then flushes unless `flush=False`."""
+        if self._writer is None:
+            self._writer = _writer(self.logdir)
+        with self._writer.as_default():
+            for tag, value in values.items():
+                tf.summary.scalar(tag, float(value), step=int(step))
+        if flush:
+            self._writer.flush()
+
+    def flush(self):
+        """Flushes what `write(..., flush=False)` buffered."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class EpochScalarLogger(ScalarLogger):
     """Base of callbacks that measure a few values per epoch and log them.
 
     Subclasses implement `epoch_values(epoch)` -> {name: float}; each epoch's
@@ -138,10 +183,8 @@ class EpochScalarLogger(keras.callbacks.Callback):
     tag_prefix = ""
 
     def __init__(self, logdir):
-        super().__init__()
-        self.logdir = str(logdir)
+        super().__init__(logdir)
         self.history = []
-        self._writer = None
 
     def epoch_values(self, epoch):
         raise NotImplementedError
@@ -151,17 +194,7 @@ class EpochScalarLogger(keras.callbacks.Callback):
         self.history.append(values)
         if logs is not None:
             logs.update(values)
-        if self._writer is None:
-            self._writer = _writer(self.logdir)
-        with self._writer.as_default():
-            for name, value in values.items():
-                tf.summary.scalar(f"{self.tag_prefix}{name}", value, step=epoch)
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.write({f"{self.tag_prefix}{name}": v for name, v in values.items()}, step=epoch)
 
 
 class ThroughputLogger(EpochScalarLogger):
@@ -201,7 +234,7 @@ def current_learning_rate(optimizer):
     return float(keras.backend.get_value(lr))
 
 
-class LearningRateLogger(keras.callbacks.Callback):
+class LearningRateLogger(ScalarLogger):
     """Logs the learning rate as `learning_rate` every `every_n_steps` steps and at each epoch end.
 
     The step of each value is the optimizer's step count (`optimizer.iterations`)
@@ -211,20 +244,16 @@ class LearningRateLogger(keras.callbacks.Callback):
     """
 
     def __init__(self, logdir, every_n_steps=10):
-        super().__init__()
-        self.logdir = str(logdir)
+        super().__init__(logdir)
         self.every_n_steps = max(1, int(every_n_steps))
-        self._writer = None
         self._last_step = None
 
     def _log(self, step):
         if step == self._last_step:  # an epoch that ends on a multiple of every_n_steps
             return
-        if self._writer is None:
-            self._writer = _writer(self.logdir)
-        with self._writer.as_default():
-            tf.summary.scalar("learning_rate", current_learning_rate(self.model.optimizer),
-                              step=step)
+        # Flushed once per epoch, not per write: a flush every few steps costs a file write.
+        self.write({"learning_rate": current_learning_rate(self.model.optimizer)}, step,
+                   flush=False)
         self._last_step = step
 
     def on_train_batch_end(self, batch, logs=None):
@@ -234,12 +263,7 @@ class LearningRateLogger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._log(int(self.model.optimizer.iterations.numpy()))
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.flush()
 
 
 class TensorBoard(keras.callbacks.TensorBoard):

@@ -21,7 +21,7 @@ JPEG/PNG bytes) and adds, in this order, what is known to matter for speed:
    auto-shard policy (DATA for in-memory sources, FILE for files).
 
 Decoding images in parallel also needs the host allocator to keep up: call
-`tfaccel.memory.use_pooled_host_allocator()` at the start of the program (the
+`tfaccel.performance.memory.use_pooled_host_allocator()` at the start of the program (the
 recipes do). On 2 cores it took the builder from 1.3x to 1.6x a serial
 pipeline (benchmarks/bench_data.py).
 
@@ -215,7 +215,7 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         shuffle buffer); without it, 'auto' does not cache a dataset of unknown size.
       seed: shuffle seed.
       epoch: optional int64 `tf.Variable` holding the epoch being trained (from 0), e.g.
-        `tfaccel.resume.EpochCounter().epoch`. With a `seed`, epoch k is then shuffled
+        `tfaccel.train.resume.EpochCounter().epoch`. With a `seed`, epoch k is then shuffled
         with seeds made of (seed, k) alone, so it sees the same order whether or not
         the process restarted (a resumed run otherwise replays epoch 1's order).
 

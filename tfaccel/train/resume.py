@@ -12,7 +12,7 @@ workers must be restarted together.
 
 Example:
 
-    from tfaccel import resume
+    from tfaccel.train import resume
 
     callbacks = resume.backup_callbacks("runs/a/backup", backup_freq="epoch", epochs=10)
     model.fit(train_ds, epochs=10, callbacks=callbacks)

@@ -5,7 +5,8 @@ own code can call them too.
 
 Example:
 
-    from tfaccel import data, models, training
+    from tfaccel import data
+    from tfaccel.train import models, training
 
     splits = data.load_dataset("digits")
     model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
@@ -158,7 +159,7 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         fixes = ["lower the learning rate (e.g. by 10x)",
                  "check the data for NaN/Inf values"]
         if float16 and not scaled:
-            fixes.insert(0, "use loss scaling for float16 (tfaccel.precision.wrap_optimizer)")
+            fixes.insert(0, "use loss scaling for float16 (tfaccel.wrap_optimizer)")
         else:
             fixes.insert(1, "use loss scaling if training in float16")
         return (f"the training loss became {loss} at {where} ({rate}): "

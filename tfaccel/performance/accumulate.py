@@ -23,7 +23,8 @@ accumulation.
 
 Example:
 
-    from tfaccel import accumulate, training
+    from tfaccel.performance import accumulate
+    from tfaccel.train import training
 
     training.compile_classifier(model, training.make_optimizer("sgd", 0.1))
     accumulate.enable_gradient_accumulation(model, steps=4)
@@ -36,7 +37,7 @@ import tensorflow as tf
 
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import ensure_tf_keras, keras
-from tfaccel.precision import scaled_gradients
+from tfaccel.performance.precision import scaled_gradients
 
 
 def check_accumulation_steps(steps, batch_size=None, num_replicas=1):

@@ -19,7 +19,7 @@ peaks from TensorFlow's memory info, else the process's peak resident memory.
 
 Example:
 
-    from tfaccel import memory
+    from tfaccel.performance import memory
 
     for warning in memory.configure_gpu_memory(growth=True):
         print("warning:", warning)
@@ -117,7 +117,7 @@ def use_pooled_host_allocator(limit_mb=None):
 
     Example:
 
-        from tfaccel import memory
+        from tfaccel.performance import memory
 
         memory.use_pooled_host_allocator()       # first thing in the program
         ...                                      # split CPUs, GPU memory settings

@@ -6,7 +6,7 @@ and on one loaded back from a file.
 
 Example:
 
-    from tfaccel import sparsity
+    from tfaccel.compress import sparsity
 
     report = sparsity.sparsity_report(stripped, layer_names=plan.pruned)
     report["pruned"]["sparsity"]                     # e.g. 0.8000
@@ -29,7 +29,7 @@ _PRUNED_ZEROS = 0.01
 
 def _layers_with_kernels(model):
     """[(name, layer, [kernel arrays]), ...], looking through pruning wrappers and nested models."""
-    from tfaccel.prune import _walk, _wrapper_class, prunable_weights
+    from tfaccel.compress.prune import _walk, _wrapper_class, prunable_weights
 
     out = []
     for layer in _walk(model):
@@ -160,12 +160,12 @@ def model_sizes(model, directory, name="model", tflite=True):
     ensure_tf_keras(model)
     os.makedirs(directory, exist_ok=True)
     if any(layer.compute_dtype != "float32" for layer in model.layers):
-        from tfaccel.precision import apply_precision
+        from tfaccel.performance.precision import apply_precision
 
         model = apply_precision(model, "float32")
     files = {"h5": save_without_optimizer(model, os.path.join(directory, f"{name}.h5"))}
     if tflite:
-        from tfaccel.tflite import convert_to_tflite
+        from tfaccel.compress.tflite import convert_to_tflite
 
         files["tflite"] = convert_to_tflite(model, os.path.join(directory, f"{name}.tflite"))
         files["tflite_sparse"] = convert_to_tflite(
@@ -194,13 +194,13 @@ class SparsityLogger(keras.callbacks.Callback):
         self._writer = None
 
     def on_train_begin(self, logs=None):
-        from tfaccel.prune import pruning_step
+        from tfaccel.compress.prune import pruning_step
 
         # Runs after BackupAndRestore and UpdatePruningStep (prune_to_sparsity's order).
         self.start_step = pruning_step(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
-        from tfaccel.prune import _walk, _wrapper_class
+        from tfaccel.compress.prune import _walk, _wrapper_class
 
         wrappers = [layer for layer in _walk(self.model) if isinstance(layer, _wrapper_class())]
         if not wrappers:

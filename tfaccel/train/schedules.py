@@ -13,7 +13,7 @@ then runs on ``step - warmup_steps`` (its lengths never include the warmup).
 
 Example:
 
-    from tfaccel import schedules
+    from tfaccel.train import schedules
     from tfaccel.keras import keras
 
     lr = schedules.make_schedule("cosine", 1e-3, steps_per_epoch=20, epochs=30, warmup_epochs=2)

@@ -4,7 +4,7 @@
 inference while it trains (fake-quant on weights and activations, with
 Conv/Dense + BatchNorm patterns folded the way TF-MOT's default 8-bit scheme
 does it). Fine-tune it a few epochs with the usual `compile`/`fit`, then
-convert it with `tfaccel.tflite.convert_to_tflite(..., mode="int8")`.
+convert it with `tfaccel.compress.tflite.convert_to_tflite(..., mode="int8")`.
 
 Before anything is cloned, every layer to quantize is checked against what the
 default 8-bit scheme supports; unsupported ones (e.g. Lambda, LSTM) are listed
@@ -23,7 +23,8 @@ version. Call it inside a
 
 Example:
 
-    from tfaccel import quantize, training
+    from tfaccel.compress import quantize
+    from tfaccel.train import training
 
     qat = quantize.quantize_aware(model)           # or scheme="prune_preserve"
     training.compile_classifier(qat, training.make_optimizer("adam", 1e-4))
@@ -281,7 +282,7 @@ def check_qat_ready(model, only_layers=None, skip_layers=None):
     ensure_tf_keras(model)
     if _has_pruning_wrappers(model):
         raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
-                         "(tfaccel.prune) before QAT")
+                         "(tfaccel.compress.prune) before QAT")
     model = flatten_model(model)
     names = {layer.name for layer in model.layers}
     for arg, given in (("only_layers", only_layers), ("skip_layers", skip_layers)):
@@ -370,7 +371,7 @@ def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=
     graph transforms (where, e.g., a custom layer without a QuantizeConfig
     fails), in seconds and before any training. For a model that will be
     pruned first, pass the pruning stages as `prune_configs`: the copy is
-    wrapped and stripped the same way (`tfaccel.prune`), so the check sees the
+    wrapped and stripped the same way (`tfaccel.compress.prune`), so the check sees the
     layers QAT will get after pruning. `model` is not changed.
 
     Example:
@@ -381,7 +382,7 @@ def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=
       The errors of `prune.prune_to_sparsity` and `quantize_aware`
       (ConfigError, UnsupportedLayerError, ModelError).
     """
-    from tfaccel import prune
+    from tfaccel.compress import prune
 
     for config in prune_configs:
         # Only the structure matters here: a one-step ramp that any config can take.

@@ -13,7 +13,7 @@ check can run right before training.
 
 Example:
 
-    from tfaccel import diagnose
+    from tfaccel.performance import diagnose
 
     result = diagnose.diagnose_input(model, train_ds)
     print(result.summary())  # input-bound: pipeline 900 ex/s < train step 5200 ex/s. ...

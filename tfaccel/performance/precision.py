@@ -15,7 +15,8 @@ fastest, never one slower than float32 without XLA.
 
 Example:
 
-    from tfaccel import precision, training
+    from tfaccel.performance import precision
+    from tfaccel.train import training
 
     precision.set_precision("mixed_float16")
     model = precision.apply_precision(build_my_model(), "mixed_float16")
@@ -272,7 +273,7 @@ def choose_fastest(timings, baseline=BASELINE, min_speedup=1.0):
 
 
 def _default_compile(model, precision, jit_compile):
-    from tfaccel.training import compile_classifier
+    from tfaccel.train.training import compile_classifier
 
     compile_classifier(model, wrap_optimizer(keras.optimizers.Adam(1e-3), precision),
                        jit_compile=jit_compile)
@@ -324,7 +325,8 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
     Returns:
       An `AutoChoice` whose table lists every setting tried.
     """
-    from tfaccel import memory, monitor
+    from tfaccel import monitor
+    from tfaccel.performance import memory
 
     precisions = tuple(check_precision(p) for p in precisions)
     jit_options = tuple(bool(j) for j in jit_options)

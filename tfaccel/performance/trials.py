@@ -14,9 +14,9 @@ scaling the learning rate with it.
 
 Example:
 
-    from tfaccel import batch_size
+    from tfaccel.performance import trials
 
-    result = batch_size.find_batch_size(model, splits.train, max_batch_size=512)
+    result = trials.find_batch_size(model, splits.train, max_batch_size=512)
     print(result.batch_size)
     for row in result.table:
         print(row)
@@ -101,8 +101,8 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2):
 
 
 def _default_compile(model):
-    from tfaccel.precision import wrap_optimizer
-    from tfaccel.training import compile_classifier
+    from tfaccel.performance.precision import wrap_optimizer
+    from tfaccel.train.training import compile_classifier
 
     compile_classifier(model, wrap_optimizer(keras.optimizers.Adam(1e-3),
                                              keras.mixed_precision.global_policy().name))
@@ -123,7 +123,8 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
     Returns:
       {'examples_per_sec', 'seconds_per_step', 'steps_per_sec', 'peak_memory_mb'}.
     """
-    from tfaccel import memory, monitor
+    from tfaccel import monitor
+    from tfaccel.performance import memory
 
     try:
         trial = keras.models.clone_model(model)
@@ -150,7 +151,7 @@ def default_memory_budget_mb():
     """On CPU: current RSS plus half the memory still available; None with GPUs (OOM decides)."""
     import psutil
 
-    from tfaccel import memory
+    from tfaccel.performance import memory
 
     if memory.gpu_devices():
         return None

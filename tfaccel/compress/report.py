@@ -8,7 +8,7 @@ writes the table as markdown and JSON plus the plot, and puts the same table
 
 Example:
 
-    from tfaccel import report
+    from tfaccel.compress import report
 
     rows = report.comparison_rows(measured, baseline="float", reference_accuracy=0.981)
     report.write_report("runs/opt", "runs/opt/logs/report", rows, {"model": "cnn"})

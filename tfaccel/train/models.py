@@ -6,7 +6,7 @@ pruning and quantization accept.
 
 Example:
 
-    from tfaccel.models import build_model
+    from tfaccel.train.models import build_model
 
     model = build_model("cnn", input_shape=(8, 8, 1), num_classes=10)
     model.summary()
@@ -130,7 +130,7 @@ def load_model_file(path, compile=False):
     if not os.path.exists(path):
         raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
                          f"or one of {', '.join(MODELS)}")
-    import tfaccel.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
+    import tfaccel.train.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
 
     saved_by = _keras_version_of(path)
     if saved_by and not saved_by.startswith("2."):

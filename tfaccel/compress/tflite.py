@@ -17,7 +17,8 @@ and `prediction_agreement`.
 
 Example:
 
-    from tfaccel import data, tflite
+    from tfaccel import data
+    from tfaccel.compress import tflite
 
     splits = data.load_dataset("digits")
     path = tflite.convert_to_tflite(model, "out/model_int8.tflite", mode="int8",
@@ -125,7 +126,7 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
                       num_calibration_samples=200, optimize_sparsity=False):
     """Converts a tf_keras model to a `.tflite` file, quantizing as `mode` says.
 
-    A QAT model (from `tfaccel.quantize`) already carries its quantization
+    A QAT model (from `tfaccel.compress.quantize`) already carries its quantization
     ranges, so `mode="int8"` needs no representative data for it; a plain
     model in `int8` or `int16x8` mode is calibrated on `representative_data`.
     The file is written atomically.

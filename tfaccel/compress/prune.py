@@ -8,7 +8,7 @@ The schedule's begin and end steps come from epochs and steps per epoch; by
 default sparsity ramps up (polynomial decay) over the first two thirds of the
 fine-tuning and holds for the last third, so accuracy recovers at the target.
 `strip_pruning` removes the wrappers (weights stay sparse) for export;
-`tfaccel.sparsity` measures what you got.
+`tfaccel.compress.sparsity` measures what you got.
 
 Layers left dense by default (and said so, see `plan_pruning`): the first
 layer when it is a convolution (few weights, large accuracy cost), layers with
@@ -28,7 +28,8 @@ built in the scope that is active when you call it).
 
 Example:
 
-    from tfaccel import prune, training
+    from tfaccel.compress import prune
+    from tfaccel.train import training
 
     pruned, callbacks = prune.prune_to_sparsity(model, 0.8, epochs=20, steps_per_epoch=20,
                                                 log_dir="runs/p/logs/pruning")
@@ -464,7 +465,7 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
       steps_per_epoch: optimizer steps per epoch.
       config: a `PruneConfig`.
       log_dir: if given, per-layer sparsity goes to TensorBoard there each epoch.
-      backup_dir: if given, the run is backed up there (`tfaccel.resume`) and
+      backup_dir: if given, the run is backed up there (`tfaccel.train.resume`) and
         a rerun after a kill resumes with its pruning step, masks and optimizer.
       backup_freq: 'epoch' or a number of steps between backups.
       delete_backup_after_fit: delete the backup when `fit` returns. Pass False
@@ -502,14 +503,14 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
                      "x".join(map(str, config.block_size)), ", ".join(plan.element_wise))
     callbacks = []
     if backup_dir:
-        from tfaccel import resume
+        from tfaccel.train import resume
 
         callbacks += resume.backup_callbacks(backup_dir, backup_freq, epochs,
                                              delete_after_fit=delete_backup_after_fit)
     # Without UpdatePruningStep the wrappers fail at the first step and never update masks.
     callbacks.append(_tfmot().sparsity.keras.UpdatePruningStep())
     if log_dir:
-        from tfaccel.sparsity import SparsityLogger
+        from tfaccel.compress.sparsity import SparsityLogger
 
         callbacks.append(SparsityLogger(log_dir))
     return pruned, callbacks
@@ -548,7 +549,7 @@ def strip_pruning(model, float32=False):
     apply_masks(model)
     stripped = _tfmot().sparsity.keras.strip_pruning(model)
     if float32:
-        from tfaccel.precision import apply_precision
+        from tfaccel.performance.precision import apply_precision
 
         stripped = apply_precision(stripped, "float32")
     return stripped
@@ -561,7 +562,7 @@ def load_pruned_model(path):
     model from a backup (`backup_dir`) instead of from such a file.
     """
     with _tfmot().sparsity.keras.prune_scope():
-        from tfaccel.models import load_model_file
+        from tfaccel.train.models import load_model_file
 
         model = load_model_file(path)
     return _use_float32_pruning(model)

@@ -1,0 +1,56 @@
+"""The modules' old flat names (`tfaccel.precision`, ...) kept as aliases of their new homes.
+
+tfaccel grouped its modules by area (see docs/architecture.md); code written
+against the flat layout keeps working: ``import tfaccel.precision``, ``from
+tfaccel.prune import PruneConfig`` and ``python -m tfaccel.launch`` all reach
+the one module in its new place (the same module object, not a copy).
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+MOVED = {
+    "tfaccel.models": "tfaccel.train.models",
+    "tfaccel.training": "tfaccel.train.training",
+    "tfaccel.schedules": "tfaccel.train.schedules",
+    "tfaccel.resume": "tfaccel.train.resume",
+    "tfaccel.precision": "tfaccel.performance.precision",
+    "tfaccel.accumulate": "tfaccel.performance.accumulate",
+    "tfaccel.memory": "tfaccel.performance.memory",
+    "tfaccel.diagnose": "tfaccel.performance.diagnose",
+    "tfaccel.batch_size": "tfaccel.performance.trials",
+    "tfaccel.launch": "tfaccel.distribute.launch",
+    "tfaccel.prune": "tfaccel.compress.prune",
+    "tfaccel.sparsity": "tfaccel.compress.sparsity",
+    "tfaccel.quantize": "tfaccel.compress.quantize",
+    "tfaccel.tflite": "tfaccel.compress.tflite",
+    "tfaccel.report": "tfaccel.compress.report",
+}
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module):
+        pass  # the target module ran when it was imported
+
+    def get_code(self, fullname):  # `python -m tfaccel.launch` runs the target's code
+        return importlib.util.find_spec(self.target).loader.get_code(self.target)
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(MOVED[fullname]))
+
+
+def install():
+    if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
+        sys.meta_path.append(_AliasFinder())

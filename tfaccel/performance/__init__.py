@@ -1,0 +1,2 @@
+"""Speed and memory: mixed precision, timed trials (auto precision/XLA, batch-size search),
+gradient accumulation, memory settings and measurement, and input-pipeline diagnosis."""
