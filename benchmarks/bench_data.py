@@ -1,7 +1,7 @@
 """Input-pipeline throughput: truly serial vs hand-optimized vs tfaccel's builder (and its cache).
 
     python benchmarks/bench_data.py                      # 2,000 JPEGs, best of 3
-    python benchmarks/bench_data.py --repeats=5 --out_dir=runs/bench_data
+    python benchmarks/bench_data.py --repeats=5 --output_dir=runs/bench_data
 
 Writes 2,000 synthetic 224x224 JPEGs to TFRecord files, then measures images/s
 of four pipelines that all decode, resize to 160x160, standardize and batch 64,
@@ -38,20 +38,20 @@ which takes the process's memory-map lock and keeps the two cores from scaling.
 
 Prints a table with ratios and the targets (builder >= 1.5x serial, >= 0.95x
 hand-optimized, cached >= 10x its first epoch); writes bench_data.json, a PNG and
-the same to TensorBoard under --out_dir.
+the same to TensorBoard under --output_dir.
 """
 
 import os
 import sys
 import tempfile
-import textwrap
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+import _cli  # noqa: E402
+from absl import flags  # noqa: E402
 
-from tfaccel.performance.memory import HOST_ALLOCATORS  # noqa: E402
+from tfaccel.choices import HOST_ALLOCATORS  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_images", 2000, "Synthetic JPEGs to write.", lower_bound=64)
@@ -60,7 +60,7 @@ flags.DEFINE_integer("image_size", 160, "Height and width images are resized to.
 flags.DEFINE_integer("batch_size", 64, "Batch size.", lower_bound=1)
 flags.DEFINE_integer("shards", 8, "TFRecord files.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Rounds; the best run of each pipeline counts.", lower_bound=1)
-flags.DEFINE_string("out_dir", "runs/bench_data", "Where the report, plot and logs go.")
+_cli.define_output_dir("runs/bench_data", "Where the report, plot and logs go.")
 flags.DEFINE_string("data_dir", None, "Where the TFRecords go (default: a temporary folder).")
 flags.DEFINE_enum("host_allocator", "pooled", HOST_ALLOCATORS, "Host tensors of every pipeline "
                   "from TensorFlow's pooled allocator (tfaccel.use_pooled_host_allocator, "
@@ -172,7 +172,7 @@ def main(argv):
         memory.use_pooled_host_allocator()
     import numpy as np
 
-    from tfaccel import io, summaries
+    from tfaccel import io, plots, summaries
 
     data_dir = FLAGS.data_dir or tempfile.mkdtemp(prefix="bench_data-")
     print(f"writing {FLAGS.num_images} synthetic {FLAGS.source_size}x{FLAGS.source_size} JPEGs "
@@ -245,7 +245,7 @@ def main(argv):
               f"{'' if in_effect else ' (NOT IN EFFECT)'}")
     print("\n" + header + "\n\n" + table + "\n\n" + check_table)
 
-    out = FLAGS.out_dir
+    out = FLAGS.output_dir
     io.write_json(os.path.join(out, "bench_data.json"),
                   {"config": {k: FLAGS[k].value for k in ("num_images", "source_size", "image_size",
                                                           "batch_size", "shards", "repeats",
@@ -255,7 +255,9 @@ def main(argv):
                    "load_average": loads,
                    "command": " ".join(["python", *sys.argv])})
     png = os.path.join(out, "bench_data.png")
-    _plot(png, names, best, header)
+    # log scale: first epochs (~10^3) and cached ones (~10^4-10^5) on one axis
+    plots.plot_rates(names, [best[n] for n in names], png,
+                     "images/s (best of runs, log scale)", header, log_scale=True)
     logdir = os.path.join(out, "logs")
     summaries.write_text(logdir, "bench_data/report",
                          header + "\n\n" + table + "\n\n" + check_table)
@@ -266,29 +268,5 @@ def main(argv):
     return 0 if all(c["met"] for c in checks) else 1
 
 
-def _plot(path, names, best, title):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tfaccel.io import atomic_path
-
-    fig, ax = plt.subplots(figsize=(8, 4))
-    values = [best[n] for n in names]
-    ax.barh(names[::-1], values[::-1], color=["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860",
-                                              "#ccb974", "#64b5cd", "#999999",
-                                              "#dd8452"][: len(names)][::-1])
-    for i, v in enumerate(values[::-1]):
-        ax.text(v, i, f" {v:,.0f}", va="center")
-    ax.set_xscale("log")  # first epochs (~10^3) and cached ones (~10^4-10^5) on one axis
-    ax.set_xlabel("images/s (best of runs, log scale)")
-    ax.set_title(textwrap.fill(title, 110), fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
-
-
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    _cli.run(main)

@@ -14,13 +14,10 @@ ratios to choose --precision and --jit_compile for recipes/train.py (or let
 """
 
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "recipes"))
-
-import common  # noqa: E402
-from absl import flags  # noqa: E402
+import _cli
+import common
+from absl import flags
 
 FLAGS = flags.FLAGS
 common.define_data_flags()
@@ -33,12 +30,12 @@ flags.DEFINE_integer("warmup", 5, "Untimed steps per setting (tracing, XLA compi
                      lower_bound=1)
 flags.DEFINE_integer("steps", 30, "Timed steps per setting.", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Timings per setting; the best counts.", lower_bound=1)
-flags.DEFINE_string("output_dir", "runs/bench_precision", "Where results.json, the chart and "
-                    "TensorBoard logs go.")
+_cli.define_output_dir("runs/bench_precision", "Where results.json, the chart and TensorBoard "
+                       "logs go.")
 
 
 def main(argv):
-    common.reject_extra_args(argv)
+    del argv  # stray arguments were rejected with the flags
     from tfaccel import data, io, monitor
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
@@ -98,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    common.run(main)
+    _cli.run(main)

@@ -29,9 +29,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags
+import _cli  # noqa: E402
+from absl import flags  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = _cli.ROOT
 FLAGS = flags.FLAGS
 flags.DEFINE_string("report", None,
                     "An existing report.json to check instead of running the recipe.")
@@ -68,7 +69,7 @@ def run_recipe():
 def main(argv):
     del argv
     from tfaccel import io
-    from tfaccel.compress import tflite
+    from tfaccel.compress import tflite_eval
 
     timing = {}
     if FLAGS.report:
@@ -81,7 +82,8 @@ def main(argv):
     rows = {row["variant"]: row for row in report["variants"]}
     timed = {v: rows[v]["path"] for v in ("float", "int8", "qat_int8", "pruned_qat_int8")
              if v in rows}
-    latency = tflite.compare_latency(timed, num_runs=FLAGS.latency_runs, rounds=FLAGS.rounds)
+    latency = tflite_eval.compare_latency(timed, num_runs=FLAGS.latency_runs,
+                                          rounds=FLAGS.rounds)
     float_keras = report["float_keras_accuracy"]
     checks = []
 
@@ -131,4 +133,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    _cli.run(main)

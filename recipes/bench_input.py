@@ -9,7 +9,8 @@ pipeline alone (the same `tfaccel.data` pipeline the train recipe builds from
 the same flags) and the train step alone (the compiled model on a few batches
 held in memory). Prints the verdict ("input-bound" or "compute-bound") with
 both numbers and the suggestion that follows; writes diagnosis.json, a bar
-chart and the same to TensorBoard under --model_dir.
+chart and the same to TensorBoard under --model_dir. It times steps, not epochs,
+so it has no --epochs.
 """
 
 import os
@@ -20,7 +21,7 @@ from absl import flags
 FLAGS = flags.FLAGS
 common.define_data_flags()
 common.define_model_flags()
-common.define_train_flags(epochs=1)
+common.define_train_flags(epochs=None)  # measures steps, not epochs
 common.define_pipeline_flags()
 common.define_host_allocator_flag()
 flags.DEFINE_integer("num_batches", 20, "Timed batches (and train steps) per run.", lower_bound=1)
@@ -31,28 +32,25 @@ flags.DEFINE_integer("repeats", 3, "Timed runs; the best counts.", lower_bound=1
 def main(argv):
     common.reject_extra_args(argv)
     common.use_host_allocator()  # as the train recipe does, so both measure the same input speed
-    from tfaccel import data, io, summaries
+    from tfaccel import io, summaries
     from tfaccel.keras import keras
     from tfaccel.performance import diagnose
-    from tfaccel.train import training
 
     common.check_host_allocator()
 
     # --- Inputs: everything that can be wrong is checked before anything is measured.
     keras.utils.set_random_seed(FLAGS.seed)
-    pipeline = common.pipeline_config(FLAGS.batch_size)
+    common.pipeline_config(FLAGS.batch_size)
     splits = common.load_data()
     model = common.load_model(splits.info)
-    train_ds = data.build_pipeline(splits.train, pipeline, training=True, info=splits.info,
-                                   num_examples=splits.info.num_examples["train"], seed=FLAGS.seed)
-    training.compile_classifier(model, training.make_optimizer(FLAGS.optimizer,
-                                                               FLAGS.learning_rate))
+    inputs = common.input_from_flags(splits)  # the train recipe's pipeline, one process
+    common.compile_from_flags(model, FLAGS.learning_rate)
     model_dir = common.default_model_dir(prefix="bench_input-")
 
     # --- Measure both sides.
     print(f"measuring the input pipeline and the train step of {common.model_label()} on "
           f"{FLAGS.dataset} (batch {FLAGS.batch_size}, best of {FLAGS.repeats}) ...", flush=True)
-    result = diagnose.diagnose_input(model, train_ds, config=pipeline,
+    result = diagnose.diagnose_input(model, inputs.train, config=inputs.config,
                                      num_batches=FLAGS.num_batches, warmup=FLAGS.warmup,
                                      repeats=FLAGS.repeats)
 
@@ -78,24 +76,12 @@ def main(argv):
 
 
 def _plot(path, result):
-    import matplotlib
+    from tfaccel import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tfaccel.io import atomic_path
-
-    fig, ax = plt.subplots(figsize=(6, 2.5))
-    values = [result.step_examples_per_sec, result.input_examples_per_sec]
-    ax.barh(["train step alone", "input pipeline alone"], values, color=["#4c72b0", "#c44e52"])
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:,.0f}", va="center")
-    ax.set_xlabel("examples/s (best of runs)")
-    ax.set_title(result.verdict)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
-    plt.close(fig)
+    plots.plot_rates(["input pipeline alone", "train step alone"],
+                     [result.input_examples_per_sec, result.step_examples_per_sec], path,
+                     "examples/s (best of runs)", result.verdict,
+                     colors=["#c44e52", "#4c72b0"])
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ the same sparsity, holding the blocks' zeros. The QAT models are built on
 throwaway copies (pruned and stripped for pruned_qat_int8) before any
 training, so a layer QAT rejects stops the run at once.
 
+Training and evaluation read the same `tfaccel.data` pipeline as recipes/train.py
+(the input pipeline flags, --deterministic on by default so that a rerun reproduces
+the report; calibration and the TFLite files see the same inputs as the Keras
+models). Under --strategy=multi_worker each worker trains on its shard and only the
+chief writes to --model_dir; --scale_lr multiplies every stage's learning rate
+(float, pruning, QAT) by the number of replicas. There is no --backup_dir: a killed
+run starts again from the beginning, and --strategy=parameter_server is refused.
+
 Writes to --model_dir: float/model.keras, tflite/<variant>.tflite, report.md,
 report.json and report.png (accuracy vs gzipped size; the pruned_qat_int8 row's
 pruned_sparsity is the share of zeros in the pruned layers' int8 weights), and
@@ -47,7 +55,10 @@ FLAGS = flags.FLAGS
 common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags(epochs=30)
-common.define_distribute_flags()
+common.define_distribute_flags()  # no backup flags: a killed run starts again
+common.define_pipeline_flags()
+# The report compares accuracies a few points apart: a rerun reproduces them exactly.
+FLAGS.set_default("deterministic", True)
 common.define_schedule_flags()
 # The float model should end converged (decayed rate), so QAT's and pruning's deltas measure them.
 FLAGS.set_default("lr_schedule", "cosine")
@@ -89,42 +100,38 @@ flags.DEFINE_integer("latency_threads", 1, "Interpreter threads for latency.", l
 
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import distribute
-
-    if FLAGS.cpu_devices is not None:  # before TensorFlow initializes its devices
-        distribute.split_cpu(FLAGS.cpu_devices)
     import numpy as np
 
-    from tfaccel import data, io, summaries
-    from tfaccel.compress import prune, quantize, report, tflite
+    from tfaccel import distribute, io, summaries
+    from tfaccel.compress import prune, pruning_plan, quantize, report, tflite, tflite_eval
     from tfaccel.keras import keras
     from tfaccel.train import training
     from tfaccel.train.models import is_model_path
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
-    keras.utils.set_random_seed(FLAGS.seed)
     variants = ["float"] + [v for v in dict.fromkeys(FLAGS.variants) if v != "float"]
-    sparsity = prune.check_sparsity(FLAGS.sparsity, "--sparsity")
+    sparsity = pruning_plan.check_sparsity(FLAGS.sparsity, "--sparsity")
     block = common.int_list(FLAGS.prune_block_size)  # rows,cols: checked with the flags
-    strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
-                                        collective=FLAGS.collective)
-    drop = distribute.needs_drop_remainder(strategy)
+    strategy = common.strategy_from_flags()  # devices first, then the strategy
+    keras.utils.set_random_seed(FLAGS.seed)
     distribute.per_replica_batch_size(FLAGS.batch_size, strategy.num_replicas_in_sync)
-    prune_lr = FLAGS.prune_learning_rate if FLAGS.prune_learning_rate is not None \
-        else FLAGS.learning_rate / 2
-    qat_lr = FLAGS.qat_learning_rate if FLAGS.qat_learning_rate is not None \
-        else FLAGS.learning_rate / 10
+    learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
+    prune_lr = common.scaled_learning_rate(FLAGS.prune_learning_rate, strategy) \
+        if FLAGS.prune_learning_rate is not None else learning_rate / 2
+    qat_lr = common.scaled_learning_rate(FLAGS.qat_learning_rate, strategy) \
+        if FLAGS.qat_learning_rate is not None else learning_rate / 10
     splits = common.load_data()
+    inputs = common.input_from_flags(splits, strategy)
+    train_ds, test_ds, steps = inputs.train, inputs.test, inputs.steps_per_epoch
     with strategy.scope():
         model = common.load_model(splits.info)
     skip = FLAGS.qat_skip_layers or None
-    steps = data.steps_per_epoch(splits.info.num_examples["train"], FLAGS.batch_size, drop)
-    stages = [("prune", prune.PruneConfig(block_size=block), FLAGS.prune_epochs)]
+    stages = [("prune", pruning_plan.PruneConfig(block_size=block), FLAGS.prune_epochs)]
     if block != (1, 1) and FLAGS.prune_hold_epochs:
-        stages.append(("prune_hold", prune.PruneConfig(schedule="constant"),
+        stages.append(("prune_hold", pruning_plan.PruneConfig(schedule="constant"),
                        FLAGS.prune_hold_epochs))
     for _, config, epochs in stages if "pruned_qat_int8" in variants else ():
-        prune.make_pruning_schedule(sparsity, epochs, steps, config)
+        pruning_plan.make_pruning_schedule(sparsity, epochs, steps, config)
     # QAT models built now on throwaway copies (after pruning and stripping one for
     # pruned_qat_int8), so that whatever QAT rejects stops the run before any training.
     with strategy.scope():
@@ -135,26 +142,19 @@ def main(argv):
                                           prune_configs=[config for _, config, _ in stages])
     # Outputs go to <model_dir>/.partial and move up into --model_dir (report files last) only
     # when the run is complete: a failed or killed run leaves no half-set that looks like one.
-    # Only the chief writes to --model_dir; other workers write to a temporary directory.
-    final_dir = distribute.worker_output_dir(common.default_model_dir("optimize-"), strategy)
+    final_dir, _ = common.run_dirs(strategy, "optimize-")  # only the chief's files are kept
     model_dir = os.path.join(final_dir, ".partial")
     logdir = os.path.join(model_dir, "logs")
-    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
-                                  drop_remainder=drop)
-    test_ds = data.batch_dataset(splits.test, 256, training=False)
+    # The test examples as the models see them, in one fixed order for every variant.
     test_x, labels = (np.concatenate(a) for a in zip(*test_ds.as_numpy_iterator()))
     report.discard(model_dir)  # a stale one from a killed run
     os.makedirs(model_dir)
-    io.write_text(os.path.join(model_dir, "flags.cfg"), FLAGS.flags_into_string())
-    summaries.write_text(os.path.join(logdir, "report"), "config/flags",
-                         summaries.markdown_table(common.flag_values())
-                         + f"\n\n`{common.command_line()}`")
+    common.write_run_config(model_dir, os.path.join(logdir, "report"))
     start = time.perf_counter()
 
     def compiled(m, learning_rate):
         with strategy.scope():
-            training.compile_classifier(m, training.make_optimizer(FLAGS.optimizer, learning_rate))
-        return m
+            return common.compile_from_flags(m, learning_rate)
 
     def fit(m, learning_rate, epochs, stage, callbacks=()):
         compiled(m, learning_rate)
@@ -169,11 +169,11 @@ def main(argv):
         return m
 
     def predictions(m):
-        return m.predict(test_ds, verbose=0).argmax(-1)
+        return m.predict(test_x, batch_size=FLAGS.batch_size, verbose=0).argmax(-1)
 
     # --- Float model: trained here (zoo) or taken as given (a saved model).
     trained_here = not is_model_path(FLAGS.model) or bool(FLAGS.model_fn)
-    fit(model, common.lr_schedule(FLAGS.learning_rate, steps), FLAGS.epochs if trained_here else 0,
+    fit(model, common.lr_schedule(learning_rate, steps), FLAGS.epochs if trained_here else 0,
         "float")
     float_keras = training.evaluate(model, test_ds)["accuracy"]
     float_pred = predictions(model)
@@ -186,7 +186,7 @@ def main(argv):
     built = {}  # variant -> (path, predictions of its Keras source)
     for variant in [v for v in variants if v in PTQ]:
         path = tflite.convert_to_tflite(model, os.path.join(tflite_dir, f"{variant}.tflite"),
-                                        mode=PTQ[variant], representative_data=splits.train,
+                                        mode=PTQ[variant], representative_data=train_ds.unbatch(),
                                         num_calibration_samples=FLAGS.calibration_samples)
         built[variant] = (path, float_pred)
     extra = {}
@@ -200,11 +200,11 @@ def main(argv):
     if "pruned_qat_int8" in variants:
         pruned, pruned_layers = model, set()
         for stage, config, epochs in stages:
-            pruned_layers |= set(prune.plan_pruning(pruned, config).pruned)
+            pruned_layers |= set(pruning_plan.plan_pruning(pruned, config).pruned)
             with strategy.scope():
                 wrapped, callbacks = prune.prune_to_sparsity(
                     pruned, sparsity, epochs, steps, config,
-                    log_dir=os.path.join(logdir, stage, "sparsity"))
+                    logdir=os.path.join(logdir, stage, "sparsity"))
             fit(wrapped, prune_lr, epochs, stage, callbacks)
             with strategy.scope():  # the stripped copy's variables must belong to the strategy
                 pruned = prune.strip_pruning(wrapped)
@@ -217,26 +217,27 @@ def main(argv):
         path = tflite.convert_to_tflite(pqat, os.path.join(tflite_dir, "pruned_qat_int8.tflite"),
                                         "int8")
         built["pruned_qat_int8"] = (path, predictions(pqat))
-        extra["pruned_qat_int8_weight_sparsity"] = tflite.weight_sparsity(path)["sparsity"]
+        extra["pruned_qat_int8_weight_sparsity"] = tflite_eval.weight_sparsity(path)["sparsity"]
         extra["pruned_layers"] = sorted(pruned_layers)
-        pruned_sparsity = tflite.weight_sparsity(path, layer_names=pruned_layers)["sparsity"]
+        pruned_sparsity = tflite_eval.weight_sparsity(path, layer_names=pruned_layers)["sparsity"]
 
     # --- Measure every file: accuracy, agreement, size, latency (interleaved, same load).
-    latency = tflite.compare_latency({v: p for v, (p, _) in built.items()},
-                                     num_runs=FLAGS.latency_runs, rounds=15,
-                                     num_threads=FLAGS.latency_threads)
+    latency = tflite_eval.compare_latency({v: p for v, (p, _) in built.items()},
+                                          num_runs=FLAGS.latency_runs, rounds=15,
+                                          num_threads=FLAGS.latency_threads)
     measured = []
     for variant, (path, source_pred) in built.items():
         print(f"evaluating {variant}")
-        result = tflite.evaluate_tflite(path, (test_x, labels))
+        result = tflite_eval.evaluate_tflite(path, (test_x, labels))
         measured.append({
             "variant": variant, "description": DESCRIPTIONS[variant],
-            "accuracy": result["accuracy"], **tflite.tflite_sizes(path),
+            "accuracy": result["accuracy"], **tflite_eval.tflite_sizes(path),
             "latency_p50_us": latency[variant]["p50_us"],
             "latency_mean_us": latency[variant]["mean_us"],
-            "agreement_with_float": tflite.prediction_agreement(result["predictions"], float_pred),
-            "agreement_with_source": tflite.prediction_agreement(result["predictions"],
-                                                                 source_pred),
+            "agreement_with_float": tflite_eval.prediction_agreement(result["predictions"],
+                                                                     float_pred),
+            "agreement_with_source": tflite_eval.prediction_agreement(result["predictions"],
+                                                                      source_pred),
             **({"pruned_sparsity": pruned_sparsity} if variant == "pruned_qat_int8" else {}),
             "path": os.path.join(final_dir, os.path.relpath(path, model_dir))})
     rows = report.comparison_rows(measured, "float", reference_accuracy=float_keras)

@@ -13,6 +13,13 @@ the first two thirds (--end_epoch) and holding it for the rest. Rerunning the
 same command after a crash resumes pruning from <model_dir>/backup_prune with
 its pruning step.
 
+Training and evaluation read the same `tfaccel.data` pipeline as recipes/train.py
+(the input pipeline flags, --deterministic on by default so that a rerun reproduces the
+report; each worker its shard under --strategy=multi_worker, where only the chief
+writes to --model_dir); --scale_lr multiplies --learning_rate and
+--prune_learning_rate by the number of replicas. --strategy=parameter_server is
+refused: no recipe runs parameter servers.
+
 Writes to --model_dir: baseline/ and pruned/ (model.h5 without optimizer,
 model.tflite, model_sparse.tflite), pruned/model.keras, report.md and
 report.json (accuracy, sparsity per layer, sizes raw and gzipped, ratios),
@@ -33,6 +40,10 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags()
 common.define_distribute_flags()
+common.define_backup_flags()
+common.define_pipeline_flags()
+# The report compares accuracies a few points apart: a rerun reproduces them exactly.
+FLAGS.set_default("deterministic", True)
 flags.DEFINE_string("precision", "float32", "float32, mixed_float16 or mixed_bfloat16.")
 common.check_choice("precision", "precision", common.choices.PRECISIONS)
 flags.DEFINE_float("sparsity", 0.8, "Target share of zero weights in the pruned layers, in [0, 1).")
@@ -69,11 +80,12 @@ flags.DEFINE_bool("retrain_baseline", False, "Train the zoo baseline again even 
 flags.DEFINE_bool("tflite", True, "Also convert both models to TFLite and measure them.")
 
 BASELINE_KEYS = ("dataset", "model", "model_fn", "epochs", "batch_size", "optimizer",
-                 "learning_rate", "seed", "precision")
+                 "learning_rate", "scale_lr", "seed", "precision", "shuffle_buffer",
+                 "random_flip", "standardize")
 
 
 def prune_config():
-    from tfaccel.compress.prune import PruneConfig
+    from tfaccel.compress.pruning_plan import PruneConfig
 
     def ints(values):
         return common.int_list(values) if values else None
@@ -96,43 +108,37 @@ def read_json(path):
 
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import distribute
-
-    if FLAGS.cpu_devices is not None:  # before TensorFlow initializes its devices
-        distribute.split_cpu(FLAGS.cpu_devices)
-    from tfaccel import data, io, summaries
-    from tfaccel.compress import prune, sparsity
+    from tfaccel import distribute, io, plots, summaries
+    from tfaccel.compress import prune, pruning_layers, pruning_plan, sparsity
     from tfaccel.keras import keras
     from tfaccel.performance import precision
     from tfaccel.train import resume, training
     from tfaccel.train.models import is_model_path, load_model_file
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
-    keras.utils.set_random_seed(FLAGS.seed)
     config = prune_config()
     target = config.m_by_n[0] / config.m_by_n[1] if config.m_by_n else \
-        prune.check_sparsity(FLAGS.sparsity, "--sparsity")
+        pruning_plan.check_sparsity(FLAGS.sparsity, "--sparsity")
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
     precision.check_precision(FLAGS.precision)
-    strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
-                                        collective=FLAGS.collective)
-    replicas = strategy.num_replicas_in_sync
-    drop = distribute.needs_drop_remainder(strategy)
-    distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
-    scale = replicas if FLAGS.scale_lr else 1
-    learning_rate = FLAGS.learning_rate * scale
-    prune_lr = (FLAGS.prune_learning_rate * scale if FLAGS.prune_learning_rate is not None
-                else learning_rate)
+    strategy = common.strategy_from_flags()  # devices first, then the strategy
+    keras.utils.set_random_seed(FLAGS.seed)
+    distribute.per_replica_batch_size(FLAGS.batch_size, strategy.num_replicas_in_sync)
+    learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
+    prune_lr = (common.scaled_learning_rate(FLAGS.prune_learning_rate, strategy)
+                if FLAGS.prune_learning_rate is not None else learning_rate)
     splits = common.load_data()
-    steps = data.steps_per_epoch(splits.info.num_examples["train"], FLAGS.batch_size, drop)
-    prune.make_pruning_schedule(target, FLAGS.prune_epochs, steps, config)
-    model_dir = distribute.worker_output_dir(common.default_model_dir("prune-"), strategy)
-    backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir("prune-"),
-                                                  "backup_prune")
-    logdir = os.path.join(model_dir, "logs")
-    baseline_path = os.path.join(model_dir, "baseline", "model.keras")
+    inputs = common.input_from_flags(splits, strategy)
+    train_ds, val_ds, test_ds, steps = (inputs.train, inputs.validation, inputs.test,
+                                        inputs.steps_per_epoch)
+    pruning_plan.make_pruning_schedule(target, FLAGS.prune_epochs, steps, config)
+    model_dir, logdir = common.run_dirs(strategy, "prune-")  # only the chief's files are kept
+    shared_dir = common.default_model_dir("prune-")  # what every worker reads
+    backup_dir = FLAGS.backup_dir or os.path.join(shared_dir, "backup_prune")
+    # A baseline trained here with the same flags is reused: the chief's, by every worker.
+    baseline_path = os.path.join(shared_dir, "baseline", "model.keras")
     baseline_flags = {k: getattr(FLAGS, k) for k in BASELINE_KEYS}
-    flags_path = os.path.join(model_dir, "baseline", "flags.json")
+    flags_path = os.path.join(shared_dir, "baseline", "flags.json")
     given_trained = is_model_path(FLAGS.model) and not FLAGS.model_fn
     reuse = (not given_trained and not FLAGS.retrain_baseline and os.path.exists(baseline_path)
              and read_json(flags_path) == json.loads(json.dumps(baseline_flags)))
@@ -140,39 +146,26 @@ def main(argv):
     with strategy.scope():
         model = load_model_file(baseline_path) if reuse else common.load_model(splits.info)
         model = precision.apply_precision(model, FLAGS.precision)
-    plan = prune.plan_pruning(model, config)
-    train_ds = data.batch_dataset(splits.train, FLAGS.batch_size, training=True, seed=FLAGS.seed,
-                                  drop_remainder=drop)
-    val_ds = data.batch_dataset(splits.validation, FLAGS.batch_size, training=False)
-    test_ds = data.batch_dataset(splits.test, FLAGS.batch_size, training=False)
-    os.makedirs(model_dir, exist_ok=True)
-    io.write_text(os.path.join(model_dir, "flags.cfg"), FLAGS.flags_into_string())
-    summaries.write_text(os.path.join(logdir, "train"), "config/flags",
-                         summaries.markdown_table(common.flag_values())
-                         + f"\n\n`{common.command_line()}`")
-
-    def compile_for(m, lr):
-        optimizer = precision.wrap_optimizer(training.make_optimizer(FLAGS.optimizer, lr),
-                                             FLAGS.precision)
-        training.compile_classifier(m, optimizer)
+    plan = pruning_plan.plan_pruning(model, config)
+    common.write_run_config(model_dir, os.path.join(logdir, "train"))
 
     # --- Baseline: a saved model as given, a zoo model trained for --epochs (or reused).
     if given_trained or reuse:
         print(f"baseline: {'reusing ' + baseline_path if reuse else FLAGS.model} (not retrained)")
     elif FLAGS.epochs:
         with strategy.scope():
-            compile_for(model, learning_rate)
+            common.compile_from_flags(model, learning_rate, FLAGS.precision)
         baseline_logdir = os.path.join(logdir, "baseline")
         model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, verbose=2,
                   callbacks=[training.StopOnNonFiniteLoss(),
                              summaries.LearningRateLogger(os.path.join(baseline_logdir, "train")),
                              summaries.TensorBoard(baseline_logdir)])
     with strategy.scope():
-        compile_for(model, learning_rate)
+        common.compile_from_flags(model, learning_rate, FLAGS.precision)
     baseline = training.evaluate(model, test_ds)
     if not given_trained and not reuse:
-        sparsity.save_without_optimizer(model, baseline_path)
-        io.write_json(flags_path, baseline_flags)
+        sparsity.save_without_optimizer(model, os.path.join(model_dir, "baseline", "model.keras"))
+        io.write_json(os.path.join(model_dir, "baseline", "flags.json"), baseline_flags)
     baseline_sizes = sparsity.model_sizes(model, os.path.join(model_dir, "baseline"),
                                           tflite=FLAGS.tflite)
 
@@ -184,9 +177,9 @@ def main(argv):
     with strategy.scope():
         pruned, callbacks = prune.prune_to_sparsity(
             model, target, FLAGS.prune_epochs, steps, config,
-            log_dir=os.path.join(logdir, "pruning"), backup_dir=backup_dir,
+            logdir=os.path.join(logdir, "pruning"), backup_dir=backup_dir,
             backup_freq=backup_freq, delete_backup_after_fit=False)  # removed after the report
-        compile_for(pruned, prune_lr)
+        common.compile_from_flags(pruned, prune_lr, FLAGS.precision)
     logger = callbacks[-1]
     start = time.perf_counter()
     pruned.fit(train_ds, validation_data=val_ds, epochs=FLAGS.prune_epochs, verbose=2,
@@ -194,12 +187,12 @@ def main(argv):
                           summaries.LearningRateLogger(os.path.join(logdir, "train")),
                           summaries.TensorBoard(logdir, update_freq="epoch")])
     prune_seconds = time.perf_counter() - start
-    final_step = prune.pruning_step(pruned)
+    final_step = pruning_layers.pruning_step(pruned)
 
     # --- Strip, measure from the saved weights, export.
     with strategy.scope():
         stripped = prune.strip_pruning(pruned)
-        compile_for(stripped, prune_lr)
+        common.compile_from_flags(stripped, prune_lr, FLAGS.precision)
     result = training.evaluate(stripped, test_ds)
     sizes = sparsity.model_sizes(stripped, os.path.join(model_dir, "pruned"), tflite=FLAGS.tflite)
     saved = keras.models.load_model(sizes["h5"]["path"], compile=False)
@@ -208,9 +201,9 @@ def main(argv):
     sparsity.save_without_optimizer(stripped, os.path.join(model_dir, "pruned", "model.keras"))
     tflite_accuracy = None
     if FLAGS.tflite:
-        from tfaccel.compress.tflite import evaluate_tflite
+        from tfaccel.compress.tflite_eval import evaluate_tflite
 
-        tflite_accuracy = evaluate_tflite(sizes["tflite_sparse"]["path"], splits.test,
+        tflite_accuracy = evaluate_tflite(sizes["tflite_sparse"]["path"], test_ds,
                                           progress=False)["accuracy"]
 
     # --- Report: markdown + JSON, plot, TensorBoard.
@@ -262,7 +255,7 @@ def main(argv):
     ])
     io.write_json(os.path.join(model_dir, "report.json"), results)
     io.write_text(os.path.join(model_dir, "report.md"), markdown + "\n")
-    png = sparsity.plot_sparsity(report, os.path.join(model_dir, "sparsity.png"), target=target)
+    png = plots.plot_sparsity(report, os.path.join(model_dir, "sparsity.png"), target=target)
     report_dir = os.path.join(logdir, "report")
     summaries.write_text(report_dir, "pruning/report", markdown, step=FLAGS.prune_epochs)
     summaries.write_png(report_dir, "pruning/sparsity_per_layer", png, step=FLAGS.prune_epochs)

@@ -31,6 +31,7 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags(auto_batch_size=True)
 common.define_distribute_flags()
+common.define_backup_flags()
 common.define_pipeline_flags()
 common.define_schedule_flags()
 common.define_performance_flags()
@@ -42,49 +43,23 @@ flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a fin
                   "of an unfinished run is still resumed.")
 
 
-def compile_model(model, learning_rate, policy, jit_compile, accum_steps=None):
-    """Compiles `model` as this recipe trains it: loss scaling for float16, XLA, accumulation."""
-    from tfaccel.performance import accumulate, precision
-    from tfaccel.train import training
-
-    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
-    training.compile_classifier(model, precision.wrap_optimizer(optimizer, policy),
-                                jit_compile=jit_compile)
-    return accumulate.enable_gradient_accumulation(
-        model, FLAGS.grad_accum_steps if accum_steps is None else accum_steps)
-
-
 def main(argv):
     common.reject_extra_args(argv)
-    from tfaccel import distribute, monitor
+    from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
-    from tfaccel.performance import accumulate, memory, precision, trials
-
-    # --- Devices first: the CPU can only be split before TensorFlow initializes its devices.
-    common.use_host_allocator()  # before TensorFlow allocates its first tensor
-    if FLAGS.cpu_devices is not None:
-        distribute.split_cpu(FLAGS.cpu_devices)
-    # GPU memory settings likewise (on a machine without GPUs they only warn).
-    memory.configure_gpu_memory(growth=FLAGS.memory_growth, limit_mb=FLAGS.gpu_memory_limit,
-                                allocator=FLAGS.gpu_allocator)
-    from tfaccel import data, io, summaries
     from tfaccel.keras import keras
-    from tfaccel.performance import diagnose
+    from tfaccel.performance import accumulate, diagnose, memory, precision, trials
     from tfaccel.train import resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
-    keras.utils.set_random_seed(FLAGS.seed)
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
     precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
     jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
     accumulate.check_accumulation_steps(FLAGS.grad_accum_steps)
-    if FLAGS.strategy == "parameter_server":  # would need servers on the other tasks
-        raise ConfigError("--strategy=parameter_server is not driven by recipes/train.py: use "
-                          "multi_worker, or tfaccel.distribute.make_strategy in your own code")
-    strategy = distribute.make_strategy(FLAGS.strategy, cross_device_ops=FLAGS.cross_device_ops,
-                                        collective=FLAGS.collective)
+    # Devices first (allocator, CPU split, GPU memory: fixed once TensorFlow initializes them).
+    strategy = common.strategy_from_flags()
+    keras.utils.set_random_seed(FLAGS.seed)
     replicas = strategy.num_replicas_in_sync
-    common.check_host_allocator()  # it initializes the runtime: after the strategy set it up
     autos = [f"--{f}=auto" for f in ("precision", "jit_compile", "batch_size")
              if FLAGS[f].value == "auto"]
     if autos and distribute.num_workers(strategy) > 1:  # workers could measure different winners
@@ -93,8 +68,7 @@ def main(argv):
     if FLAGS.batch_size != "auto":  # else checked once the search below has chosen it
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
         accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
-    learning_rate = (distribute.scale_learning_rate(FLAGS.learning_rate, replicas)
-                     if FLAGS.scale_lr else FLAGS.learning_rate)
+    learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
     common.pipeline_config(1)  # input and schedule flags checked now, not after the data loads
     common.lr_schedule(learning_rate, steps_per_epoch=1)
     # A finished run (metrics.json, written last, and the exports) is not trained again unless
@@ -130,36 +104,32 @@ def main(argv):
                 model, lambda size: data.build_pipeline(
                     splits.train, common.pipeline_config(size, drop_remainder=True),
                     training=True, info=splits.info, seed=FLAGS.seed),
-                compile_fn=lambda m: compile_model(m, learning_rate, policy, False, accum_steps=1),
+                compile_fn=lambda m: common.compile_from_flags(m, learning_rate, policy),
                 start=replicas * -(-16 // replicas), max_batch_size=FLAGS.max_batch_size,
                 memory_budget_mb=FLAGS.memory_budget_mb or "default")
         FLAGS.batch_size = search.batch_size * FLAGS.grad_accum_steps
         print(f"batch size search:\n{summaries.markdown_table(list(search.table))}\n"
               f"--batch_size=auto chose {FLAGS.batch_size}")
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
-    # Only the chief writes to --model_dir; other workers write to a temporary directory.
-    model_dir = distribute.worker_output_dir(common.default_model_dir(), strategy)
-    logdir = os.path.join(model_dir, "logs")
+    model_dir, logdir = common.run_dirs(strategy)  # only the chief's files are kept
     print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
           f"{FLAGS.batch_size} = {per_replica_batch} per replica x {replicas} replica(s); "
           f"learning rate {learning_rate:g}")
 
     # --- Model and data.
-    pipeline = common.pipeline_config(FLAGS.batch_size,
-                                      drop_remainder=distribute.needs_drop_remainder(strategy))
     data_epoch = resume.EpochCounter()  # epoch k's shuffle is the same after a resume
-    train_ds, val_ds, test_ds = data.build_splits(splits, pipeline, seed=FLAGS.seed,
-                                                  epoch=data_epoch.epoch)
-    schedule = common.lr_schedule(learning_rate, data.steps_per_epoch(
-        splits.info.num_examples["train"], FLAGS.batch_size, pipeline.drop_remainder))
+    inputs = common.input_from_flags(splits, strategy, epoch=data_epoch.epoch)
+    train_ds, val_ds, test_ds = inputs.train, inputs.validation, inputs.test
+    schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
     choice = None
     if "auto" in (precision_name, jit_compile):  # short timed trials on this model and data
         with strategy.scope():
-            choice = precision.auto_select(
+            choice = trials.auto_select(
                 model, train_ds, FLAGS.batch_size,
                 precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
                 jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
-                compile_fn=lambda m, p, j: compile_model(m, learning_rate, p, j))
+                compile_fn=lambda m, p, j: common.compile_from_flags(
+                    m, learning_rate, p, j, FLAGS.grad_accum_steps))
         policy, jit_compile = choice.precision, choice.jit_compile
         print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
               f"auto chose precision {policy}, jit_compile {jit_compile}")
@@ -167,17 +137,10 @@ def main(argv):
         with strategy.scope():
             model = precision.apply_precision(model, policy)
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
-        compile_model(model, schedule, policy, jit_compile)
-    train_ds, val_ds, test_ds = (
-        distribute.with_shard_policy(ds, splits.info.in_memory, distribute.num_workers(strategy))
-        for ds in (train_ds, val_ds, test_ds))
+        common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
 
     # --- Train, logging to TensorBoard.
-    os.makedirs(model_dir, exist_ok=True)
-    io.write_text(os.path.join(model_dir, "flags.cfg"), FLAGS.flags_into_string())
-    summaries.write_text(os.path.join(logdir, "train"), "config/flags",
-                         summaries.markdown_table(common.flag_values())
-                         + f"\n\n`{common.command_line()}`")
+    common.write_run_config(model_dir, os.path.join(logdir, "train"))
     if splits.bad_files:
         summaries.write_text(os.path.join(logdir, "train"), "data/skipped_bad_files",
                              summaries.markdown_table([{"file": f, "reason": why}
@@ -194,7 +157,7 @@ def main(argv):
                                    ["precision", "jit_compile"], "examples_per_sec",
                                    path=os.path.join(model_dir, "auto_precision.png"))
     if FLAGS.diagnose_input:
-        diagnosis = diagnose.diagnose_input(model, train_ds, config=pipeline)
+        diagnosis = diagnose.diagnose_input(model, train_ds, config=inputs.config)
         print(diagnosis.summary())
         diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
     throughput = summaries.ThroughputLogger(os.path.join(logdir, "train"), FLAGS.batch_size)

@@ -46,6 +46,45 @@ def run_recipe(name, *args, timeout=600, env=None, cwd=None):
     )
 
 
+def launch_recipe(name, *args, workers=2, tmpdir, timeout=900):
+    """Runs recipes/<name>.py as `workers` local workers (`tfaccel launch`), with the system's
+    temporary folder at `tmpdir` (where non-chief workers write); returns the CompletedProcess.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TF_CONFIG", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    os.makedirs(tmpdir, exist_ok=True)
+    env["TMPDIR"] = str(tmpdir)
+    return subprocess.run(
+        [sys.executable, "-m", "tfaccel", "launch", "--workers", str(workers), "--timeout",
+         str(timeout - 60), "--", os.path.join(RECIPES, f"{name}.py"), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def check_only_chief_wrote(proc, model_dir, tmpdir):
+    """Asserts that a 2-worker launch kept only the chief's files.
+
+    Every event file under `model_dir` comes from worker 0's process (TensorBoard names them
+    `events.out.tfevents.<time>.<host>.<pid>...`), worker 1 wrote to a temporary folder that
+    is gone, and no `tfaccel-worker*` folder is left in `tmpdir`. Returns `model_dir`'s names.
+    """
+    import re
+
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    pids = {int(i): p for i, p in re.findall(r"^launch: worker (\d) is pid (\d+)", proc.stdout,
+                                             re.MULTILINE)}
+    assert set(pids) == {0, 1}, proc.stdout[-2000:]
+    events = [name for _, _, names in os.walk(model_dir) for name in names
+              if name.startswith("events.out.tfevents.")]
+    assert events and {name.rsplit(".", 3)[1] for name in events} == {pids[0]}, events
+    assert not any("workertemp" in d for _, dirs, _ in os.walk(model_dir) for d in dirs)
+    other = re.search(r"^\[worker 1\] wrote (\S+):", proc.stdout, re.MULTILINE).group(1)
+    assert other != str(model_dir) and not os.path.exists(other)
+    assert os.path.dirname(other) == str(tmpdir)
+    assert not [n for n in os.listdir(tmpdir) if n.startswith("tfaccel-")]
+    return sorted(os.listdir(model_dir))
+
+
 @pytest.fixture
 def recipe():
     """Fixture form of `run_recipe`."""

@@ -211,6 +211,21 @@ FLAG_CASES = [
      "did you mean --variants"),
     ("optimize_unknown_variant", "optimize", ["--variants=float,int4"], "unknown int4",
      "choose from float"),
+    # No recipe drives parameter servers; each says so before TensorFlow loads (issue #12).
+    *[(f"{name}_parameter_server", name, ["--strategy=parameter_server"],
+       f"--strategy=parameter_server needs parameter-server and coordinator tasks that "
+       f"recipes/{name}.py does not run", "use --strategy=multi_worker")
+      for name in ("train", "prune", "optimize")],
+    # No recipe accepts a flag it would ignore: optimize keeps no backup, bench_input no epochs.
+    ("optimize_backup_dir", "optimize", ["--backup_dir={cwd}/backup"], "unknown flag --backup_dir",
+     "--helpshort"),
+    ("optimize_backup_freq", "optimize", ["--backup_freq=10"], "unknown flag --backup_freq",
+     "--helpshort"),
+    ("bench_epochs", "bench_input", ["--epochs=3"], "unknown flag --epochs", "--helpshort"),
+    # The input pipeline flags are every recipe's, checked alike.
+    *[(f"{name}_ram_budget_without_autotune", name, ["--data_ram_budget_mb=64"],
+       "--data_ram_budget_mb=64 is tf.data autotune's RAM budget", "add --data_autotune")
+      for name in ("train", "prune", "optimize", "bench_input")],
     ("prune_unknown_schedule", "prune", ["--pruning_schedule=cubic"],
      "unknown pruning schedule 'cubic'", "use one of polynomial, constant"),
     ("prune_unknown_pooling", "prune", ["--block_pooling=MIN"], "unknown block pooling 'MIN'",
@@ -273,6 +288,9 @@ SLOW_LATE_CASES = [
      "give a .keras/.h5 file"),
     ("bench_cache_in_missing_folder", "bench_input", ["--cache=/nonexistent_dir/c"],
      "folder /nonexistent_dir does not exist", "or --cache=memory"),
+    *[(f"{name}_cache_in_missing_folder", name, ["--cache=/nonexistent_dir/c"],
+       "folder /nonexistent_dir does not exist", "or --cache=memory")
+      for name in ("prune", "optimize")],
 ]
 
 

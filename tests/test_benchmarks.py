@@ -1,15 +1,77 @@
-"""benchmarks/: each script runs end to end on a small input and reports what it measured."""
+"""benchmarks/: each script runs end to end on a small input and reports what it measured.
 
+These runs use toy settings, so they check that each benchmark runs and reports
+consistently, not that its targets hold (those need the full-size defaults).
+"""
+
+import ast
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from tfaccel import summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+NAMES = ("bench_data", "bench_precision", "bench_prune", "bench_tflite")
+WITH_OUTPUT_DIR = ("bench_data", "bench_precision", "bench_prune")
+
+
+def _run(name, *args, timeout=600):
+    return subprocess.run([sys.executable, os.path.join(BENCHMARKS, f"{name}.py"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+def _docstring(name):
+    with open(os.path.join(BENCHMARKS, f"{name}.py")) as f:
+        return ast.get_docstring(ast.parse(f.read()))
+
+
+@pytest.mark.parametrize("help_flag", ["--help", "--helpshort"])
+@pytest.mark.parametrize("name", NAMES)
+def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
+    proc = _run(name, help_flag, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(_docstring(name).splitlines()[0])
+    own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
+           "bench_precision": "--precisions"}[name]
+    assert f"{own}:" in proc.stdout
+    if name in WITH_OUTPUT_DIR:
+        assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
+            proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_stray_argument_is_one_error_line(name):
+    proc = _run(name, "results", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: unexpected arguments 'results': every option is a --flag (see --helpshort)"]
+
+
+@pytest.mark.parametrize("name", WITH_OUTPUT_DIR)
+def test_out_dir_is_an_alias_of_output_dir(name, tmp_path):
+    script = os.path.join(BENCHMARKS, f"{name}.py")
+    code = (f"import sys; sys.path.insert(0, {BENCHMARKS!r}); sys.argv = [{script!r}]\n"
+            f"import {name}\n"
+            "from absl import flags\n"
+            f"flags.FLAGS([{script!r}, '--out_dir={tmp_path / 'old'}'])\n"
+            "print(flags.FLAGS.output_dir)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(tmp_path / "old")]
+
+
+def _png_size(path):
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.size
 
 
 @pytest.mark.slow
@@ -18,7 +80,7 @@ def test_bench_data_measures_every_pipeline_over_whole_epochs(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_data.py"), "--num_images=96",
          "--source_size=48", "--image_size=32", "--batch_size=32", "--shards=2", "--repeats=1",
-         f"--out_dir={out}", f"--data_dir={tmp_path / 'data'}"],
+         f"--output_dir={out}", f"--data_dir={tmp_path / 'data'}"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed at this toy size
     report = json.loads((out / "bench_data.json").read_text())
@@ -38,8 +100,81 @@ def test_bench_data_measures_every_pipeline_over_whole_epochs(tmp_path):
     assert [c["met"] for c in report["targets"]] == [
         c["measured"] >= float(c["target"].split(">=")[1]) for c in report["targets"]]
     assert proc.returncode == (0 if all(c["met"] for c in report["targets"]) else 1)
-    assert (out / "bench_data.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = _png_size(out / "bench_data.png")
+    assert width > 0 and height > 0
     logdir = str(out / "logs")
     assert "tfaccel cached" in summaries.read_text(logdir)["bench_data/report"]
     assert "bench_data/tfaccel_cached_images_per_sec" in summaries.read_scalars(logdir)
     assert "bench_data/plot" in summaries.read_image_tags(logdir)
+
+
+@pytest.mark.slow
+def test_bench_precision_times_each_setting(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_precision", "--dataset=synthetic", "--precisions=float32,mixed_bfloat16",
+                "--jit_compile=false", "--warmup=1", "--steps=2", "--repeats=1",
+                f"--out_dir={out}")  # the old name still works
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert [(r["precision"], r["jit_compile"]) for r in rows] == [("float32", False),
+                                                                   ("mixed_bfloat16", False)]
+    assert rows[0]["vs_float32"] == 1.0
+    for row in rows:
+        assert row["examples_per_sec"] == pytest.approx(
+            results["batch_size"] * row["steps_per_sec"])
+        assert row["ms_per_step"] == pytest.approx(1000 / row["steps_per_sec"])
+    _png_size(out / "precision.png")
+    logdir = str(out / "logs")
+    assert "| mixed_bfloat16 | False |" in summaries.read_text(logdir)["bench/precision"]
+    assert summaries.read_image_tags(logdir) == ["bench/precision_plot"]
+
+
+@pytest.mark.slow
+def test_bench_prune_summarizes_each_seeds_recipe_run(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_prune", "--seeds=0", "--epochs=1", "--prune_epochs=1",
+                f"--output_dir={out}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "bench_prune.json").read_text())
+    recipe = json.loads((out / "seed0" / "report.json").read_text())
+    assert recipe["prune_epochs"] == 1
+    (row,) = summary["rows"]
+    assert row["seed"] == 0
+    assert row["pruned_acc"] == recipe["pruned_test_accuracy"]
+    assert row["sparsity_pruned_layers"] == recipe["sparsity"]["pruned"]["sparsity"]
+    assert row["h5_gzip_ratio"] == pytest.approx(row["h5_gzip_pruned"] / row["h5_gzip_unpruned"])
+    worst = summary["worst"]
+    assert summary["targets_met"] == (worst["acc_change_points (>= -1.0)"] >= -1.0
+                                      and worst["sparsity error points (<= 1.0)"] <= 1.0
+                                      and worst["h5_gzip_ratio (<= 0.35)"] <= 0.35)
+    assert f"targets met: {summary['targets_met']}" in (out / "bench_prune.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_tflite_runs_the_recipe_and_checks_each_target(tmp_path):
+    preset = tmp_path / "quick.cfg"  # the preset, with fewer epochs and latency runs
+    preset.write_text("\n".join([
+        f"--flagfile={os.path.join(ROOT, 'recipes', 'presets', 'optimize_digits_cnn.cfg')}",
+        "--epochs=2", "--prune_epochs=2", "--prune_hold_epochs=1", "--qat_epochs=1",
+        "--latency_runs=20", "--calibration_samples=50"]) + "\n")
+    out = tmp_path / "out"
+    proc = _run("bench_tflite", f"--flagfile_preset={preset}", f"--model_dir={out}",
+                "--latency_runs=50", "--rounds=2", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "bench_tflite.json").read_text())
+    assert result["report"] == str(out / "report.json")
+    assert set(result["latency"]) == {"float", "int8", "qat_int8", "pruned_qat_int8"}
+    assert all(v["p50_us"] > 0 for v in result["latency"].values())
+    checks = {c["target"]: c for c in result["checks"]}
+    assert set(checks) == {  # every variant ran, so every target is checked
+        "QAT int8 accuracy vs float Keras (points)", "QAT int8 TFLite agreement with Keras QAT",
+        "full-int8 PTQ accuracy vs float Keras (points)",
+        "int8 latency speed-up over float (p50, re-measured)",
+        "pruned+QAT int8 gzip ratio vs float TFLite",
+        "pruned+QAT int8 accuracy vs float Keras (points)",
+        "pruned+QAT int8 TFLite agreement with its Keras QAT model", "recipe wall time (minutes)"}
+    assert checks["recipe wall time (minutes)"]["measured"] == pytest.approx(
+        result["timing"]["recipe_wall_seconds"] / 60)
+    for c in result["checks"]:
+        assert f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']}" in proc.stdout

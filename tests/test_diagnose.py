@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 from conftest import mirrored_strategy
 
+from tfaccel import _compat
 from tfaccel.data import PipelineConfig
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
@@ -89,10 +90,25 @@ def test_measuring_the_step_leaves_weights_optimizer_and_metrics_as_they_were(st
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert int(model.optimizer.iterations.numpy()) == 0
+    assert int(_compat.train_counter(model).numpy()) == 0  # Keras's own step count, too
     assert all(float(tf.reduce_sum(tf.abs(v))) == 0 for v in model.optimizer.variables[1:])
     # Training afterwards starts exactly like a fresh copy would.
     model.fit(data, epochs=1, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 4
+
+
+def test_step_count_follows_steps_per_execution():
+    model = tiny_model()
+    assert _compat.steps_per_execution(model) == 1
+    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
+                  steps_per_execution=2)
+    assert _compat.steps_per_execution(model) == 2
+    data = tf.data.Dataset.from_tensor_slices(
+        (np.random.rand(64, 8).astype("float32"), np.arange(64) % 2)).batch(16)
+    rate, _ = diagnose.measure_step_throughput(model, data, num_steps=4, warmup=2, repeats=1,
+                                               restore=False)
+    # Each call runs 2 steps: 1 warm-up call and 2 timed calls, 6 optimizer steps in all.
+    assert int(model.optimizer.iterations.numpy()) == 6 and rate > 0
 
 
 def test_suggestions_follow_the_pipeline():

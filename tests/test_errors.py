@@ -22,6 +22,14 @@ def test_first_line_reads_a_tensorflow_style_message_attribute():
     assert errors.first_line(OpError("ignored")) == "record 3 is corrupt"
 
 
+def test_first_line_with_type_names_the_exception_once():
+    assert errors.first_line(ValueError("bad rank 3\nmore"), with_type=True) == \
+        "ValueError: bad rank 3"
+    assert errors.first_line(KeyError(), with_type=True) == "KeyError"
+    assert errors.first_line(RuntimeError("x" * 250), limit=10, with_type=True) == \
+        "RuntimeError: " + "x" * 10 + "..."
+
+
 def test_every_error_is_a_tfaccel_error_and_a_builtin_kind():
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.WrongKerasError, errors.ModelError)

@@ -8,6 +8,7 @@ import pytest
 from user_models import TinySubclassed
 
 import tfaccel
+from tfaccel import _compat
 from tfaccel.keras import keras
 from tfaccel.train import models
 
@@ -114,7 +115,7 @@ def test_model_fn_failures_are_the_users_function_in_one_line(tmp_path, monkeypa
 
 def test_subclassed_model_is_checked_by_calling_it():
     model = TinySubclassed(10)
-    assert not models.is_graph_model(model) and models.is_graph_model(models.build_model(
+    assert not _compat.is_graph_network(model) and _compat.is_graph_network(models.build_model(
         "mlp", (8, 8, 1), 10))
     assert models.check_model_fits(model, (8, 8, 1), 10) is model  # no AttributeError
     assert model.built

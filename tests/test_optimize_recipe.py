@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run_recipe
+from conftest import check_only_chief_wrote, launch_recipe, run_recipe
 
 from tfaccel import summaries
 
@@ -169,3 +169,27 @@ def test_pruned_qat_int8_keeps_sparsity_and_accuracy_on_batchnorm_models(model, 
     assert report["float_keras_accuracy"] > 0.9
     assert row["accuracy_change_points"] >= -1.5
     assert report["pruned_layers"] and first_conv not in report["pruned_layers"]
+
+
+@pytest.mark.slow
+def test_two_workers_read_the_pipeline_and_only_the_chief_writes(tmp_path):
+    """Under the 2-worker launcher: --model_dir holds the chief's outputs alone, and every
+    variant sees the pipeline's inputs (--standardize: int8 calibrated on them too)."""
+    model_dir, tmpdir = tmp_path / "run", tmp_path / "tmp"
+    proc = launch_recipe("optimize", "--strategy=multi_worker", "--epochs=3",
+                         "--variants=float,int8", "--standardize", "--latency_runs=20",
+                         "--calibration_samples=50", f"--model_dir={model_dir}", tmpdir=tmpdir)
+    assert check_only_chief_wrote(proc, model_dir, tmpdir) == [
+        "flags.cfg", "float", "logs", "report.json", "report.md", "report.png", "tflite"]
+    report = json.loads((model_dir / "report.json").read_text())
+    assert report["distribution"] == "MultiWorkerMirroredStrategy"
+    rows = {row["variant"]: row for row in report["variants"]}
+    assert list(rows) == ["float", "int8"]
+    assert all(row["path"].startswith(str(model_dir)) and os.path.exists(row["path"])
+               for row in rows.values())
+    assert report["float_keras_accuracy"] > 0.5  # chance: 0.1
+    assert rows["float"]["agreement_with_source"] == 1.0  # predictions and labels in one order
+    assert rows["float"]["accuracy"] == pytest.approx(report["float_keras_accuracy"], abs=1e-6)
+    assert rows["int8"]["accuracy"] == pytest.approx(rows["float"]["accuracy"], abs=0.03)
+    flagfile = (model_dir / "flags.cfg").read_text().splitlines()
+    assert "--standardize" in flagfile and "--deterministic" in flagfile  # optimize's default

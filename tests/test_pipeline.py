@@ -1,5 +1,5 @@
 """tfaccel.data.pipeline: what each preprocessing step does, where the cache sits, options,
-strategies."""
+strategies, and batch_dataset (tests/test_pipeline_config.py checks the config itself)."""
 
 import io
 
@@ -10,9 +10,11 @@ import tensorflow as tf
 from tfaccel.data import (
     DatasetInfo,
     PipelineConfig,
+    batch_dataset,
     build_pipeline,
     build_splits,
     from_arrays,
+    load_digits,
     steps_per_epoch,
 )
 from tfaccel.errors import ConfigError
@@ -217,19 +219,6 @@ def test_build_splits_keeps_partial_evaluation_batches():
     assert sum(int(b[0].shape[0]) for b in val) == n["validation"]
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"batch_size": 0}, "batch_size=0"),
-    ({"shard_policy": "rows"}, "shard_policy='rows'"),
-    ({"on_bad_example": "ignore"}, "use skip or fail"),
-    ({"central_crop": 1.5}, "central_crop=1.5"),
-    ({"normalize_mean": (0.5,)}, "needs both"),
-    ({"normalize_mean": (0.5,), "normalize_std": (0.0,)}, "std > 0"),
-])
-def test_bad_config_is_one_clear_line(bad, message):
-    with pytest.raises(ConfigError, match=message):
-        PipelineConfig(**bad)
-
-
 @pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
 def test_global_batch_is_split_over_replicas(strategy_name):
     strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]) if strategy_name == "mirrored"
@@ -242,3 +231,57 @@ def test_global_batch_is_split_over_replicas(strategy_name):
     per_replica = strategy.experimental_local_results(batch)
     assert [int(t.shape[0]) for t in per_replica] == [8 // strategy.num_replicas_in_sync] * \
         strategy.num_replicas_in_sync
+
+
+@pytest.mark.parametrize("batch_size", [0, -1, 1.5, True])
+def test_batch_dataset_rejects_a_bad_batch_size(batch_size):
+    with pytest.raises(ConfigError, match=f"batch_size={batch_size!r} must be a positive integer"):
+        batch_dataset(tf.data.Dataset.range(4), batch_size, training=True)
+    with pytest.raises(ConfigError, match="shuffle_buffer=0 must be a positive integer"):
+        batch_dataset(tf.data.Dataset.range(4), 2, training=True, shuffle_buffer=0)
+    assert [b.tolist() for b in batch_dataset(tf.data.Dataset.range(4), 3, training=False,
+                                              shuffle_buffer=0).as_numpy_iterator()] \
+        == [[0, 1, 2], [3]]  # evaluation never shuffles, so its buffer is not checked
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_batch_dataset_is_shuffle_batch_prefetch_through_the_builder(drop_remainder):
+    ds, x, y = images_dataset(10)
+    plain = ds.shuffle(6, seed=3, reshuffle_each_iteration=True).batch(
+        4, drop_remainder=drop_remainder)
+    ours = batch_dataset(ds, 4, training=True, seed=3, shuffle_buffer=6,
+                         drop_remainder=drop_remainder)
+    for _ in range(2):  # and each epoch reshuffled alike
+        (ours_x, ours_y), (plain_x, plain_y) = collect(ours), collect(plain)
+        np.testing.assert_array_equal(ours_x, plain_x)
+        np.testing.assert_array_equal(ours_y, plain_y)
+    assert [int(b[0].shape[0]) for b in ours] == ([4, 4] if drop_remainder else [4, 4, 2])
+    np.testing.assert_array_equal(collect(batch_dataset(ds, 4, training=False))[0], x)
+    options = ours.options()  # tf.data's own runtime defaults, as for a hand-written pipeline
+    assert options.autotune.enabled is True and options.deterministic is True
+    assert options.threading.max_intra_op_parallelism is None
+
+
+def test_image_steps_need_image_label_pairs():
+    numbers = tf.data.Dataset.range(6)
+    assert [b.tolist() for b in build_pipeline(numbers, PipelineConfig(batch_size=4),
+                                               training=False).as_numpy_iterator()] \
+        == [[0, 1, 2, 3], [4, 5]]
+    for config in (PipelineConfig(standardize=True), PipelineConfig(random_flip=True),
+                   PipelineConfig(image_size=(4, 4))):
+        with pytest.raises(ConfigError, match=r"need \(image, label\) elements"):
+            build_pipeline(numbers, config, training=True)
+
+
+def test_a_file_cache_is_kept_per_split(tmp_path):
+    splits = load_digits()
+    prefix = tmp_path / "cache"
+    config = PipelineConfig(batch_size=64, cache=str(prefix))
+    train, validation, test = build_splits(splits, config, seed=0)
+    for ds, split in ((train, "train"), (validation, "validation"), (test, "test")):
+        examples = sum(int(x.shape[0]) for x, _ in ds)
+        assert examples == splits.info.num_examples[split] or split == "train"
+        assert list(tmp_path.glob(f"cache-{split}*")), split
+    # A second pass reads each split's own cache back.
+    again = sum(int(x.shape[0]) for x, _ in validation)
+    assert again == splits.info.num_examples["validation"]

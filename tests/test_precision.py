@@ -1,13 +1,12 @@
-"""Mixed precision: policies, float32 outputs, loss scaling, hardware advice, auto selection."""
+"""Mixed precision: policies, float32 outputs and copies, loss scaling, hardware advice.
 
-import json
+Timing the settings against each other (auto selection) is tested in test_trials.py."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_recipe
 
-from tfaccel import data, monitor, summaries
+from tfaccel import data
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
 from tfaccel.performance import precision
@@ -125,6 +124,40 @@ def test_subclassed_model_that_does_not_match_is_rejected():
     with precision.precision_scope("mixed_float16"):
         built_under_policy = Tiny()
     assert precision.apply_precision(built_under_policy, "mixed_float16") is built_under_policy
+    with pytest.raises(ModelError, match="cannot be copied"):
+        precision.apply_precision(model, "float32", copy=True)
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_model_to_float32_copy_has_the_same_weights(policy):
+    # What quantization, pruning export and size reports use: one float32 copy.
+    with precision.precision_scope(policy):
+        keras.utils.set_random_seed(0)
+        mixed = models.build_model("cnn", (8, 8, 1), 10, filters=(4,), dense_units=8)
+    assert mixed.get_layer("conv_0").dtype_policy.name == policy
+    copy = precision.apply_precision(mixed, "float32")
+    assert copy is not mixed and keras.mixed_precision.global_policy().name == "float32"
+    assert {layer.dtype_policy.name for layer in copy.layers} == {"float32"}
+    assert {row["compute_dtype"] for row in precision.layer_dtypes(copy)} == {"float32"}
+    assert all(w.dtype == np.float32 for w in copy.get_weights())
+    for a, b in zip(mixed.get_weights(), copy.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = np.random.default_rng(0).normal(size=(4, 8, 8, 1)).astype("float32")
+    out = copy(x)
+    assert out.dtype == tf.float32
+    np.testing.assert_allclose(out.numpy(), mixed(x).numpy(), atol=2e-2)  # half vs full
+    assert mixed.get_layer("conv_0").dtype_policy.name == policy  # the original is untouched
+
+
+def test_copy_gives_a_new_model_even_when_nothing_changes():
+    model = _float32_dense_softmax_model()
+    assert precision.apply_precision(model, "float32") is model
+    copy = precision.apply_precision(model, "float32", copy=True)
+    assert copy is not model and copy.layers[1] is not model.layers[1]
+    for a, b in zip(model.get_weights(), copy.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    copy.layers[1].kernel.assign(tf.zeros_like(copy.layers[1].kernel))
+    assert np.any(model.layers[1].kernel.numpy() != 0)  # separate variables
 
 
 def test_wrap_optimizer_only_for_float16():
@@ -158,104 +191,3 @@ def test_hardware_advice():
         "mixed_bfloat16", gpus=[], cpu_flags={"avx2"})[0]
     assert precision.precision_advice("mixed_bfloat16", gpus=[], cpu_flags={"amx_bf16"}) == []
     assert precision.precision_advice("float32", gpus=k80) == []
-
-
-def test_choose_fastest_with_injected_timings():
-    base = ("float32", False)
-    assert precision.choose_fastest({base: 1.0, ("mixed_float16", False): 0.5}) == (
-        "mixed_float16", False)
-    assert precision.choose_fastest({base: 1.0, ("mixed_float16", False): 1.2,
-                                     ("float32", True): 1.01}) == base
-    assert precision.choose_fastest({base: 1.0, ("float32", True): 0.95}, min_speedup=1.1) == base
-    with pytest.raises(ConfigError, match="baseline"):
-        precision.choose_fastest({("float32", True): 1.0})
-
-
-def test_auto_select_searches_precision_then_xla(monkeypatch):
-    # Injected step times: bfloat16 is fastest, and faster still with XLA.
-    fake = {("float32", False): 0.010, ("mixed_float16", False): 0.012,
-            ("mixed_bfloat16", False): 0.006, ("mixed_bfloat16", True): 0.004,
-            ("mixed_float16", True): 0.013}
-    seen = []
-
-    def fake_timing(model, dataset, batch_size, warmup, steps):
-        key = (model.layers[1].dtype_policy.name, bool(model._jit_compile))
-        seen.append(key)
-        return {"seconds_per_step": fake[key], "steps_per_sec": 1 / fake[key],
-                "examples_per_sec": batch_size / fake[key]}
-
-    monkeypatch.setattr(monitor, "time_training", fake_timing)
-    model = models.build_model("mlp", (8, 8, 1), 10, hidden=(8,))
-    choice = precision.auto_select(model, None, batch_size=32)
-    assert list(dict.fromkeys(seen)) == [("float32", False), ("mixed_float16", False),
-                                         ("mixed_bfloat16", False), ("mixed_bfloat16", True)]
-    assert (choice.precision, choice.jit_compile) == ("mixed_bfloat16", True)
-    assert [round(r["speedup"], 3) for r in choice.table] == [1.0, 0.833, 1.667, 2.5]
-    # 3 interleaved rounds each (bfloat16 without XLA: 3 in stage 1, 3 more against XLA).
-    assert [r["rounds"] for r in choice.table] == [3, 3, 6, 3]
-    assert keras.mixed_precision.global_policy().name == "float32"
-    # A fixed precision with jit auto: only XLA on/off of that precision.
-    seen.clear()
-    choice = precision.auto_select(model, None, 32, precisions=("mixed_float16",))
-    assert list(dict.fromkeys(seen)) == [("mixed_float16", False), ("mixed_float16", True)]
-    assert choice.precision == "mixed_float16" and choice.jit_compile is False
-
-
-def test_auto_select_drops_settings_that_cannot_win(monkeypatch):
-    fake = {("float32", False): 0.010, ("mixed_float16", False): 0.050,
-            ("mixed_bfloat16", False): 0.011}
-    seen = []
-
-    def fake_timing(model, dataset, batch_size, warmup, steps):
-        seen.append((model.layers[1].dtype_policy.name, warmup, steps))
-        key = (model.layers[1].dtype_policy.name, bool(model._jit_compile))
-        return {"seconds_per_step": fake[key], "steps_per_sec": 1 / fake[key],
-                "examples_per_sec": batch_size / fake[key]}
-
-    monkeypatch.setattr(monitor, "time_training", fake_timing)
-    model = models.build_model("mlp", (8, 8, 1), 10, hidden=(8,))
-    choice = precision.auto_select(model, None, 32, jit_options=(False,), warmup=4, steps=7)
-    rounds = {r["precision"]: r["rounds"] for r in choice.table}
-    assert rounds == {"float32": 3, "mixed_float16": 1, "mixed_bfloat16": 3}  # 5x slower: dropped
-    assert seen[:3] == [(p, 4, 1) for p in ("float32", "mixed_float16", "mixed_bfloat16")]
-    # Timed rounds: 7 steps each, but float16's round is cut to what fits in 3x float32's
-    # (3 * 7 * 10 ms = 210 ms: 4 steps of 50 ms) instead of costing 7 slow steps.
-    assert seen[3:] == [(p, 1, n) for p, n in (
-        ("float32", 7), ("mixed_float16", 4), ("mixed_bfloat16", 7),
-        ("float32", 7), ("mixed_bfloat16", 7), ("float32", 7), ("mixed_bfloat16", 7))]
-    assert (choice.precision, choice.jit_compile) == ("float32", False)
-
-
-@pytest.mark.slow
-def test_recipe_auto_keeps_the_fastest_measured_setting(tmp_path):
-    # The rule, on any CPU: the setting kept is the fastest of the trial table, unless nothing
-    # beat float32 without XLA by MIN_SPEEDUP; never one measured slower than float32. (Without
-    # bf16 hardware that is float32; on a CPU with AMX it is mixed_bfloat16.)
-    model_dir = tmp_path / "run"
-    proc = run_recipe("train", "--precision=auto", "--jit_compile=auto", "--epochs=1",
-                      "--monitor_every_n_steps=0", f"--model_dir={model_dir}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    trials = metrics["auto_precision_trials"]
-    timings = {(t["precision"], t["jit_compile"]): t["ms_per_step"] for t in trials}
-    baseline = timings[precision.BASELINE]
-    for t in trials:
-        assert t["speedup"] == pytest.approx(baseline / t["ms_per_step"], rel=1e-6), t
-    # Stage 1: every precision without XLA; stage 2: XLA for the stage-1 winner.
-    stage1 = {k: v for k, v in timings.items() if not k[1]}
-    assert sorted(k[0] for k in stage1) == sorted(precision.PRECISIONS)
-    winner = precision.choose_fastest(stage1, min_speedup=precision.MIN_SPEEDUP)
-    assert [(t["precision"], t["jit_compile"]) for t in trials[3:]] == [(winner[0], True)]
-    fastest = min(timings, key=timings.get)
-    expected = fastest if baseline / timings[fastest] >= precision.MIN_SPEEDUP else \
-        precision.BASELINE
-    chosen = (metrics["precision"], metrics["jit_compile"])
-    assert chosen == expected, trials
-    assert timings[chosen] <= baseline  # never slower than float32 as measured
-    assert f"auto chose precision {chosen[0]}, jit_compile {chosen[1]}" in proc.stdout
-    assert "| mixed_bfloat16 | False |" in proc.stdout  # the measured table, in the log
-    texts = summaries.read_text(model_dir / "logs" / "train")
-    assert texts["performance/auto_precision"].count("\n") == len(trials) + 1
-    images = summaries.read_image_tags(model_dir / "logs" / "train")
-    assert "performance/auto_precision_plot" in images
-    assert (model_dir / "auto_precision.png").stat().st_size > 1000

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import RECIPES, ROOT, run_recipe
+from conftest import RECIPES, ROOT, check_only_chief_wrote, launch_recipe, run_recipe
 
 from tfaccel import summaries
 from tfaccel.compress import sparsity
@@ -115,3 +115,24 @@ def test_bad_sparsity_fails_fast_with_one_line_and_no_output(tmp_path):
         result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_two_workers_read_the_pipeline_and_only_the_chief_writes(tmp_path):
+    """Under the 2-worker launcher: --model_dir holds the chief's outputs alone, and the input
+    is the pipeline's (--standardize reaches training and the TFLite evaluation alike)."""
+    model_dir, tmpdir = tmp_path / "run", tmp_path / "tmp"
+    proc = launch_recipe("prune", "--strategy=multi_worker", "--epochs=2", "--prune_epochs=2",
+                         "--standardize", f"--model_dir={model_dir}", tmpdir=tmpdir)
+    assert check_only_chief_wrote(proc, model_dir, tmpdir) == [
+        "baseline", "flags.cfg", "logs", "pruned", "report.json", "report.md", "sparsity.png"]
+    report = json.loads((model_dir / "report.json").read_text())
+    assert report["distribution"]["replicas"] == 2
+    assert report["distribution"]["task"] == "worker:0"
+    assert report["pruned_test_accuracy"] > 0.5  # chance: 0.1
+    # The sparse TFLite file scores what the Keras model does on the same standardized inputs.
+    assert report["pruned_tflite_test_accuracy"] == pytest.approx(report["pruned_test_accuracy"],
+                                                                  abs=0.01)
+    assert abs(report["sparsity"]["pruned"]["sparsity"] - 0.8) <= 0.01
+    flagfile = (model_dir / "flags.cfg").read_text().splitlines()
+    assert "--standardize" in flagfile and "--deterministic" in flagfile  # prune's default

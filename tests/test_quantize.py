@@ -9,7 +9,7 @@ import tensorflow as tf
 from conftest import mirrored_strategy
 
 from tfaccel import data, errors
-from tfaccel.compress import quantize, tflite
+from tfaccel.compress import quantize, tflite, tflite_eval
 from tfaccel.keras import keras
 from tfaccel.train import models, training
 
@@ -139,14 +139,15 @@ def test_qat_trains_and_converts(digits, trained_weights, strategy_name, policy,
                        for r in caplog.records)
     assert said_float32 == (policy == "mixed_float16")
     assert {layer.dtype_policy.compute_dtype for layer in qat.layers} == {"float32"}
+    assert keras.mixed_precision.global_policy().name == policy  # restored after the build
     assert tflite.is_quantization_aware(qat)
     qat.fit(train.take(10), epochs=1, verbose=0)
     qat_pred = qat.predict(x, verbose=0).argmax(-1)
     assert np.mean(qat_pred == y) > 0.85
     path = tflite.convert_to_tflite(qat, str(tmp_path / "qat.tflite"), mode="int8")
-    result = tflite.evaluate_tflite(path, (x, y), progress=False)
-    assert tflite.make_interpreter(path).get_input_details()[0]["dtype"] == np.int8
-    assert tflite.prediction_agreement(result["predictions"], qat_pred) >= 0.98
+    result = tflite_eval.evaluate_tflite(path, (x, y), progress=False)
+    assert tflite_eval.make_interpreter(path).get_input_details()[0]["dtype"] == np.int8
+    assert tflite_eval.prediction_agreement(result["predictions"], qat_pred) >= 0.98
 
 
 @pytest.mark.slow
@@ -180,7 +181,7 @@ def test_batchnorm_is_folded_into_the_convolutions(tmp_path):
     for _ in range(3):  # set the quantizer ranges (training mode) without fitting
         qat(x, training=True)
     path = tflite.convert_to_tflite(qat, str(tmp_path / "resnet.tflite"), mode="int8")
-    interpreter = tflite.make_interpreter(path)
+    interpreter = tflite_eval.make_interpreter(path)
     ops = [op["op_name"] for op in interpreter._get_ops_details()]
     assert ops.count("CONV_2D") == 6 and "MUL" not in ops
     weights = [d for d in interpreter.get_tensor_details()
@@ -266,21 +267,21 @@ def test_resizing_keeps_its_input_scale_in_qat(tmp_path):
     for _ in range(3):
         qat(x, training=True)
     path = tflite.convert_to_tflite(qat, str(tmp_path / "resize.tflite"), mode="int8")
-    ops = [op["op_name"] for op in tflite.make_interpreter(path)._get_ops_details()]
+    ops = [op["op_name"] for op in tflite_eval.make_interpreter(path)._get_ops_details()]
     assert "RESIZE_BILINEAR" in ops and "DEQUANTIZE" not in ops
-    agreement = tflite.prediction_agreement(tflite.predict_tflite(path, x),
-                                            qat.predict(x, verbose=0))
+    agreement = tflite_eval.prediction_agreement(tflite_eval.predict_tflite(path, x),
+                                                 qat.predict(x, verbose=0))
     assert agreement >= 0.9
 
 
 def test_check_quantize_aware_sees_what_pruning_and_qat_will_build():
-    from tfaccel.compress import prune
+    from tfaccel.compress.pruning_plan import PruneConfig
 
     model = models.build_model("resnet", (8, 8, 1), 10, widths=(8, 16), blocks_per_stage=1)
     before = [w.copy() for w in model.get_weights()]
     quantize.check_quantize_aware(model, "prune_preserve", prune_configs=[
-        prune.PruneConfig(block_size=(16, 1), min_weights=100),
-        prune.PruneConfig(schedule="constant", begin_epoch=3, min_weights=100)])
+        PruneConfig(block_size=(16, 1), min_weights=100),
+        PruneConfig(schedule="constant", begin_epoch=3, min_weights=100)])
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
     inputs = keras.Input((8, 8, 1))
@@ -289,4 +290,4 @@ def test_check_quantize_aware_sees_what_pruning_and_qat_will_build():
     outputs = keras.layers.Dense(10, activation="softmax", name="head")(x)
     with pytest.raises(errors.UnsupportedLayerError, match="norm"):
         quantize.check_quantize_aware(keras.Model(inputs, outputs), "prune_preserve",
-                                      prune_configs=[prune.PruneConfig(min_weights=10)])
+                                      prune_configs=[PruneConfig(min_weights=10)])

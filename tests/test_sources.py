@@ -234,13 +234,3 @@ def test_bad_image_error_says_hidden_files_are_ignored(tmp_path):
     with pytest.raises(DataError, match=r"notes\.txt: not an image .*names starting with '\.' are "
                        "ignored.*--on_bad_example=skip"):
         load_image_dir(root, image_size=(8, 8))
-
-
-@pytest.mark.parametrize("batch_size", [0, -1, 1.5, True])
-def test_batch_dataset_rejects_a_bad_batch_size(batch_size):
-    from tfaccel import ConfigError, batch_dataset
-
-    with pytest.raises(ConfigError, match=f"batch_size={batch_size!r} must be a positive integer"):
-        batch_dataset(tf.data.Dataset.range(4), batch_size, training=True)
-    assert [b.tolist() for b in batch_dataset(tf.data.Dataset.range(4), 3, training=False)
-            .as_numpy_iterator()] == [[0, 1, 2], [3]]

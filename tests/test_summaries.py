@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from tfaccel import summaries
+from tfaccel import plots, summaries
 from tfaccel.keras import keras
 
 
@@ -15,19 +15,44 @@ def test_text_scalars_and_png_round_trip(tmp_path):
     assert table.splitlines()[2] == "| int8 | 0.9812 |"
     summaries.write_text(logdir, "report/table", table)
     summaries.write_scalars(logdir, {"a": 1.5, "b": 2}, step=3)
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig = plt.figure(figsize=(2, 2))
-    plt.plot([0, 1], [1, 0])
-    png = tmp_path / "plot.png"
-    fig.savefig(png)
-    plt.close(fig)
-    summaries.write_png(logdir, "report/plot", str(png))
+    fig, ax = plots.new_figure(2, 2)
+    ax.plot([0, 1], [1, 0])
+    png = plots.save_png(fig, str(tmp_path / "plot.png"))
+    summaries.write_png(logdir, "report/plot", png)  # a path
+    summaries.write_png(logdir, "report/bytes", plots.png_bytes(fig))  # or the bytes
     assert summaries.read_text(logdir)["report/table"] == table
     scalars = summaries.read_scalars(logdir)
     assert scalars["a"] == [(3, 1.5)] and scalars["b"] == [(3, 2.0)]
-    assert summaries.read_image_tags(logdir) == ["report/plot"]
+    assert summaries.read_image_tags(logdir) == ["report/bytes", "report/plot"]
+
+
+def test_scalar_logger_owns_the_writer(tmp_path):
+    logger = summaries.ScalarLogger(tmp_path)
+    assert logger.logdir == str(tmp_path)
+    logger.on_train_end()  # nothing written yet: nothing to close, no event file
+    assert list(tmp_path.iterdir()) == []
+    logger.write({"loss": 0.5, "accuracy": 1}, step=1)
+    # Each write is flushed: readable while the writer is still open.
+    assert summaries.read_scalars(tmp_path) == {"loss": [(1, 0.5)], "accuracy": [(1, 1.0)]}
+    logger.write({"loss": 0.25}, step=2, flush=False)
+    logger.flush()
+    assert summaries.read_scalars(tmp_path)["loss"] == [(1, 0.5), (2, 0.25)]
+    logger.on_train_end()
+    assert logger._writer is None
+    logger.write({"loss": 0.125}, step=3)  # a second fit opens a new writer
+    logger.on_train_end()
+    assert summaries.read_scalars(tmp_path)["loss"] == [(1, 0.5), (2, 0.25), (3, 0.125)]
+
+
+def test_every_scalar_callback_is_a_scalar_logger():
+    from tfaccel import monitor
+    from tfaccel.compress import sparsity
+    from tfaccel.performance import memory
+
+    for callback in (summaries.EpochScalarLogger, summaries.ThroughputLogger,
+                     summaries.LearningRateLogger, monitor.HardwareMonitor,
+                     memory.PeakMemoryLogger, sparsity.SparsityLogger):
+        assert issubclass(callback, summaries.ScalarLogger), callback
 
 
 def test_callbacks_log_throughput_and_learning_rate(tmp_path):

@@ -1,5 +1,6 @@
 """recipes/train.py end to end: files, TensorBoard contents, and bad input."""
 
+import ast
 import json
 import os
 import socket
@@ -9,7 +10,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import run_recipe
+from conftest import RECIPES, ROOT, run_recipe
 
 from tfaccel import summaries
 from tfaccel.train.models import load_model_file
@@ -160,12 +161,15 @@ SHARED_GROUPS = {
               "learning-rate schedule flags": "--lr_schedule",
               "performance flags": "--precision"},
     "prune": {"data flags": "--data_dir", "model flags": "--model",
-              "training flags": "--learning_rate", "distribution flags": "--backup_dir"},
+              "training flags": "--learning_rate", "distribution flags": "--backup_dir",
+              "input pipeline flags": "--standardize"},
     "optimize": {"data flags": "--image_size", "training flags": "--batch_size",
+                 "distribution flags": "--scale_lr", "input pipeline flags": "--shuffle_buffer",
                  "learning-rate schedule flags": "--warmup_epochs"},
     "bench_input": {"data flags": "--on_bad_example", "input pipeline flags": "--shuffle_buffer",
                     "performance flags": "--host_allocator"},
 }
+RECIPE_NAMES = ("train", "prune", "optimize", "bench_input")
 OWN_FLAG = {"train": "--diagnose_input", "prune": "--m_by_n", "optimize": "--variants",
             "bench_input": "--num_batches"}
 
@@ -196,6 +200,74 @@ def test_help_lists_every_tfaccel_flag_grouped(name, help_flag):
         for line in module_block.splitlines():
             if line.startswith("  --"):
                 assert line.split(":")[0].strip().replace("--[no]", "--") in listed, line
+
+
+# --- Every recipe acts on each flag it accepts, and reads its input through one pipeline.
+
+def _defined_flags(name):
+    """The flags recipes/<name>.py defines (absl's own left out), from its definitions alone."""
+    path = os.path.join(RECIPES, f"{name}.py")
+    code = ("import json, runpy, sys\n"
+            f"sys.path.insert(0, {RECIPES!r}); sys.argv = [{path!r}]\n"
+            f"runpy.run_path(sys.argv[0], run_name={name!r})\n"
+            "import flagkit; print(json.dumps(sorted(flagkit.flag_values())))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout))
+
+
+def _reads(tree):
+    """Flags read (not assigned) as FLAGS.<name> or FLAGS["<name>"] in an AST."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load) \
+                and isinstance(node.value, ast.Name) and node.value.id == "FLAGS":
+            key = node.attr if isinstance(node, ast.Attribute) else getattr(node.slice, "value", 0)
+            names.add(key)
+    return names
+
+
+def _flags_acted_on(name):
+    """Flags read by recipes/<name>.py and by the recipes/common.py functions it reaches.
+
+    Reads inside check_* functions do not count: checking a flag is not acting on it (a
+    --backup_dir only checked writable would still be ignored).
+    """
+    recipe = ast.parse(open(os.path.join(RECIPES, f"{name}.py")).read())
+    common = ast.parse(open(os.path.join(RECIPES, "common.py")).read())
+    functions = {f.name: f for f in common.body if isinstance(f, ast.FunctionDef)}
+    reached, todo = set(), [n.attr for n in ast.walk(recipe) if isinstance(n, ast.Attribute)
+                             and isinstance(n.value, ast.Name) and n.value.id == "common"]
+    while todo:
+        fn = todo.pop()
+        if fn in functions and fn not in reached and not fn.startswith("check_"):
+            reached.add(fn)
+            todo += [n.id for n in ast.walk(functions[fn]) if isinstance(n, ast.Name)]
+    return _reads(recipe).union(*(_reads(functions[fn]) for fn in reached))
+
+
+@pytest.mark.parametrize("name", RECIPE_NAMES)
+def test_every_flag_a_recipe_accepts_is_acted_on(name):
+    defined = _defined_flags(name)
+    assert {"dataset", "model", "batch_size", "seed"} <= defined  # the shared ones are found
+    assert not defined - _flags_acted_on(name), f"{name}.py accepts flags it ignores"
+
+
+def test_the_flag_check_catches_an_ignored_flag():
+    # optimize.py acts on --scale_lr through common.scaled_learning_rate; the closure sees it,
+    # and a recipe that never reaches that function (bench_input) does not read it.
+    assert "scale_lr" in _flags_acted_on("optimize")
+    assert "scale_lr" not in _flags_acted_on("bench_input")
+    assert {"backup_dir", "backup_freq"} <= _flags_acted_on("prune")
+    assert not {"backup_dir", "backup_freq", "epochs"} & _flags_acted_on("bench_input")
+
+
+@pytest.mark.parametrize("name", RECIPE_NAMES)
+def test_every_recipe_reads_its_input_through_input_from_flags(name):
+    source = open(os.path.join(RECIPES, f"{name}.py")).read()
+    assert "common.input_from_flags(splits" in source
+    assert "batch_dataset" not in source and "build_splits" not in source
 
 
 def test_trains_and_exports_a_subclassed_model_fn(tmp_path):

@@ -45,7 +45,7 @@ _EXPORTS = {
         "StopOnNonFiniteLoss", "read_finished_run",
     ],
     "tfaccel.train.schedules": [
-        "SCHEDULES", "make_schedule", "scale_learning_rate", "ConstantSchedule",
+        "SCHEDULES", "make_schedule", "ConstantSchedule",
         "StepSchedule", "PiecewiseSchedule", "ExponentialSchedule", "PolynomialSchedule",
         "CosineSchedule", "CosineRestartsSchedule", "OneCycleSchedule",
         "EpochExponentialSchedule",
@@ -55,19 +55,20 @@ _EXPORTS = {
         "remove_backup",
     ],
     "tfaccel.summaries": [
-        "read_scalars", "read_text", "read_image_tags", "ThroughputLogger",
+        "read_scalars", "read_text", "read_image_tags", "ScalarLogger", "ThroughputLogger",
         "LearningRateLogger", "TensorBoard", "tensorboard_command",
     ],
     "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
     "tfaccel.distribute.batching": [
-        "per_replica_batch_size", "with_shard_policy", "worker_output_dir",
+        "per_replica_batch_size", "scale_learning_rate", "with_shard_policy", "worker_output_dir",
     ],
     "tfaccel.performance.precision": [
         "PRECISIONS", "set_precision", "precision_scope", "apply_precision",
-        "wrap_optimizer", "scaled_gradients", "precision_advice", "auto_select",
-        "choose_fastest", "layer_dtypes",
+        "wrap_optimizer", "scaled_gradients", "precision_advice", "layer_dtypes",
     ],
-    "tfaccel.performance.trials": ["find_batch_size", "search_batch_size"],
+    "tfaccel.performance.trials": [
+        "auto_select", "choose_fastest", "find_batch_size", "search_batch_size",
+    ],
     "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
     "tfaccel.performance.memory": [
         "configure_gpu_memory", "use_pooled_host_allocator",
@@ -75,10 +76,10 @@ _EXPORTS = {
     ],
     "tfaccel.performance.diagnose": ["diagnose_input", "InputDiagnosis"],
     "tfaccel.monitor": ["HardwareMonitor", "time_training"],
-    "tfaccel.compress.prune": [
-        "PruneConfig", "PruningPlan", "plan_pruning", "prune_to_sparsity", "strip_pruning",
-        "make_pruning_schedule", "load_pruned_model",
+    "tfaccel.compress.pruning_plan": [
+        "PruneConfig", "PruningPlan", "plan_pruning", "make_pruning_schedule",
     ],
+    "tfaccel.compress.prune": ["prune_to_sparsity", "strip_pruning", "load_pruned_model"],
     "tfaccel.compress.sparsity": [
         "sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger",
     ],
@@ -86,9 +87,10 @@ _EXPORTS = {
         "quantize_aware", "check_qat_ready", "check_quantize_aware", "flatten_model",
         "unsupported_layers",
     ],
-    "tfaccel.compress.tflite": [
-        "convert_to_tflite", "evaluate_tflite", "measure_latency", "compare_latency",
-        "tflite_sizes", "prediction_agreement", "weight_sparsity",
+    "tfaccel.compress.tflite": ["convert_to_tflite"],
+    "tfaccel.compress.tflite_eval": [
+        "evaluate_tflite", "measure_latency", "compare_latency", "tflite_sizes",
+        "prediction_agreement", "weight_sparsity",
     ],
     "tfaccel.compress.report": ["write_report", "comparison_rows"],
 }
@@ -98,7 +100,7 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 _SUBMODULES = {
     **{name: f"tfaccel.{name}" for name in (
         "data", "train", "performance", "distribute", "compress", "errors", "keras", "io",
-        "summaries", "monitor", "doctor", "cli", "choices", "quiet")},
+        "summaries", "plots", "monitor", "doctor", "cli", "choices", "quiet")},
     **{old.rpartition(".")[2]: new for old, new in _aliases.MOVED.items()},
 }
 _aliases.install()

@@ -6,20 +6,24 @@ exit, without a traceback (see `recipes/common.py`).
 """
 
 
-def first_line(error, limit=200):
+def first_line(error, limit=200, with_type=False):
     """The first line of a foreign exception's message, for quoting in a one-line error.
 
     TensorFlow's, Keras's and users' exceptions often carry pages of text; a tfaccel
     error quotes only the first non-empty line (Keras's "Exception encountered when
     calling layer" wrapper skipped, the cause follows it), cut to `limit` characters.
-    An exception without a message gives its type name.
+    An exception without a message gives its type name. With `with_type` the line
+    starts with the type name ('ValueError: bad rank'), which says more than the
+    message alone when the error comes from a user's code or a layer.
     """
     text = str(getattr(error, "message", error))
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("Exception encountered when calling layer"):
         lines = lines[1:]
-    first = lines[0] if lines else type(error).__name__
-    return first if len(first) <= limit else first[:limit] + "..."
+    if not lines:
+        return type(error).__name__
+    first = lines[0] if len(lines[0]) <= limit else lines[0][:limit] + "..."
+    return f"{type(error).__name__}: {first}" if with_type else first
 
 
 class TfaccelError(Exception):

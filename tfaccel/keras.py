@@ -17,9 +17,6 @@ import tf_keras as keras
 
 from tfaccel.errors import WrongKerasError
 
-BACKEND = "tf_keras"
-"""Name of the Keras implementation tfaccel drives."""
-
 _HOW_TO_FIX = (
     "build it with `from tfaccel.keras import keras` (or `import tf_keras`), "
     "or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow so that tf.keras is Keras 2"
@@ -57,4 +54,4 @@ def ensure_tf_keras(obj, what: str = "model"):
     return obj
 
 
-__all__ = ["keras", "BACKEND", "ensure_tf_keras", "is_keras3_object"]
+__all__ = ["keras", "ensure_tf_keras", "is_keras3_object"]

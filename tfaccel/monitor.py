@@ -22,8 +22,9 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from tfaccel import summaries
+from tfaccel import _compat, plots, summaries
 from tfaccel.errors import ConfigError
+from tfaccel.io import write_bytes
 from tfaccel.keras import keras
 
 _MB = 1024 * 1024
@@ -123,7 +124,7 @@ class HardwareMonitor(summaries.ScalarLogger):
         self.every_n_steps = int(every_n_steps)
         self.sampler = sampler
         self._owns_sampler = sampler is None
-        self._supports_tf_logs = True  # it never reads logs: don't make Keras wait for each step
+        _compat.takes_logs_as_tensors(self)  # it never reads logs: Keras need not wait per step
         self.history = []
         self._step = 0
 
@@ -204,7 +205,8 @@ def time_training(model, dataset, batch_size, warmup=3, steps=10):
 def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, title=None):
     """Writes a table of trials to TensorBoard (text) and a bar chart (image and PNG file).
 
-    The text is under `tag`, the chart under `tag`_plot.
+    The text is under `tag`, the chart (`plots.plot_trials`) under `tag`_plot;
+    with no trial that measured `value_key` there is no chart.
 
     Args:
       logdir: TensorBoard log directory.
@@ -213,38 +215,17 @@ def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, titl
       label_keys: keys whose values name a bar.
       value_key: key of the bar height (rows without it, e.g. failed trials, are left out).
       path: where to save the PNG as well (optional).
-      title: chart title.
+      title: chart title (default: `tag`).
 
     Returns:
       The markdown table.
     """
-    import io as _io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from tfaccel import summaries
-    from tfaccel.io import atomic_path
-
     table = summaries.markdown_table(rows)
     summaries.write_text(logdir, tag, table)
-    plotted = [r for r in rows if isinstance(r.get(value_key), (int, float))]
-    if not plotted:
+    png = plots.plot_trials(rows, label_keys, value_key, title=title or tag)
+    if png is None:
         return table
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(plotted)), 3.2))
-    labels = ["\n".join(str(r[k]) for k in label_keys) for r in plotted]
-    ax.bar(range(len(plotted)), [r[value_key] for r in plotted], color="tab:blue")
-    ax.set_xticks(range(len(plotted)), labels, fontsize=8)
-    ax.set_ylabel(value_key)
-    ax.set_title(title or tag, fontsize=10)
-    fig.tight_layout()
-    buf = _io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    summaries.write_png(logdir, f"{tag}_plot", buf.getvalue())
+    summaries.write_png(logdir, f"{tag}_plot", png)
     if path:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.write(buf.getvalue())
+        write_bytes(path, png)
     return table

@@ -1,9 +1,12 @@
 """TensorBoard as the place to inspect every run: write and read back summaries.
 
 Writers for what Keras's TensorBoard callback does not log (the run's config
-as text, reports, plots, throughput, the learning rate every N steps) and
-readers built on TensorBoard's own event-file loader, so that tests and users
-can check what a run wrote. `tensorboard_command` is the command the recipes
+as text, reports, plots drawn by `tfaccel.plots`, throughput, the learning
+rate every N steps) and readers built on TensorBoard's own event-file loader,
+so that tests and users can check what a run wrote. Every event file is opened
+by one function here; every callback that logs scalars (here, in `monitor`,
+`performance.memory` and `compress.sparsity`) is a `ScalarLogger`, which owns
+the writer's lifecycle. `tensorboard_command` is the command the recipes
 print to look at a run (served on localhost only).
 
 Example:
@@ -20,6 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.keras import keras
 
 
@@ -266,24 +270,21 @@ class LearningRateLogger(ScalarLogger):
         self.flush()
 
 
-class TensorBoard(keras.callbacks.TensorBoard):
+class TensorBoard(_compat.tensorboard_without_learning_rate()):
     """Keras's TensorBoard callback without its `epoch_learning_rate` curve.
 
     Keras adds the schedule's value at the epoch's last step count (the rate the
     *next* update would use) as `epoch_learning_rate`, one step off the rate
     `LearningRateLogger` logs as `learning_rate`; two curves that disagree by
     a step help nobody, so this keeps only tfaccel's. Everything else (losses,
-    metrics, graphs, histograms) is Keras's. Checked against tf_keras 2.21,
-    whose hook for this is `_collect_learning_rate`.
+    metrics, graphs, histograms) is Keras's. Leaving the curve out needs a
+    private tf_keras hook: see `_compat.tensorboard_without_learning_rate`.
 
     Example:
 
         model.fit(ds, callbacks=[summaries.LearningRateLogger("runs/a/logs/train"),
                                  summaries.TensorBoard("runs/a/logs")])
     """
-
-    def _collect_learning_rate(self, logs):
-        return logs
 
 
 def tensorboard_command(logdir):

@@ -31,14 +31,17 @@ Example:
     qat.fit(train_ds, epochs=2)    # a fresh QAT model scores ~10% until it trains
 """
 
-import contextlib
 import dataclasses
 
 import tensorflow as tf
 from absl import logging
 
+from tfaccel import _compat
+from tfaccel.compress import prune
+from tfaccel.compress.pruning_layers import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.performance.precision import apply_precision, precision_scope
 
 SCHEMES = ("default", "prune_preserve")
 """QAT schemes: TF-MOT's default 8-bit one, or its prune-preserving variant."""
@@ -56,18 +59,8 @@ _TRANSFORMED = ("InputLayer", "SeparableConv1D", "SeparableConv2D")
 _SAME_SCALE = ("Resizing",)
 
 
-def _tfmot():
-    import tensorflow_model_optimization as tfmot
-
-    return tfmot
-
-
 def _registry():
-    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-        default_8bit_quantize_registry,
-    )
-
-    return default_8bit_quantize_registry.Default8BitQuantizeRegistry()
+    return tfmot().quantization.keras.default_8bit.Default8BitQuantizeRegistry()
 
 
 def _calls_in(model):
@@ -76,23 +69,14 @@ def _calls_in(model):
     A layer object can be called in several models: TF-MOT's `strip_pruning`
     returns the very layers of the pruned model (where a BatchNorm follows a
     pruning wrapper), and `flatten_model` calls a sub-model's layers again.
-    Only the calls that make up `model` say what QAT will see. Reads
-    `_nodes_by_depth` (tf_keras 2.21 Functional/Sequential internals).
+    Only the calls that make up `model` say what QAT will see.
     """
     calls = {}
-    for nodes in getattr(model, "_nodes_by_depth", {}).values():
+    for nodes in _compat.nodes_by_depth(model).values():
         for node in nodes:
             if not node.is_input:
                 calls.setdefault(node.layer.name, []).append(tf.nest.flatten(node.inbound_layers))
     return calls
-
-
-def _no_op_config():
-    from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-        default_8bit_quantize_configs,
-    )
-
-    return default_8bit_quantize_configs.NoOpQuantizeConfig
 
 
 def _follows(layer, kinds, calls):
@@ -144,7 +128,7 @@ def check_quantizable(model, layer_names=None):
         subclassed (TF-MOT needs a functional or Sequential graph).
     """
     ensure_tf_keras(model)
-    if not isinstance(model, keras.Sequential) and not getattr(model, "_is_graph_network", False):
+    if not _compat.is_graph_network(model):
         raise UnsupportedLayerError(
             f"model {model.name!r} is a subclassed {type(model).__name__}: QAT needs a "
             "functional or Sequential model; rebuild it with keras.Input and layer calls")
@@ -168,16 +152,17 @@ def check_quantizable(model, layer_names=None):
 
 def _replay(model, inputs):
     """Calls `model`'s layers on `inputs`, descending into nested models (flat tensors out)."""
-    if not getattr(model, "_is_graph_network", False):
+    if not _compat.is_graph_network(model):
         raise UnsupportedLayerError(
             f"nested model {model.name!r} is a subclassed {type(model).__name__} and cannot be "
             "flattened for QAT: build it functionally or as a Sequential with an Input")
-    usage = model._tensor_usage_count
+    usage = _compat.tensor_usage_count(model)
+    nodes_by_depth = _compat.nodes_by_depth(model)
     tensors = {}
     for ref, value in zip(model.inputs, inputs):
         tensors[str(id(ref))] = [value] * usage[str(id(ref))]
-    for depth in sorted(model._nodes_by_depth, reverse=True):
-        for node in model._nodes_by_depth[depth]:
+    for depth in sorted(nodes_by_depth, reverse=True):
+        for node in nodes_by_depth[depth]:
             if node.is_input or any(i not in tensors for i in node.flat_input_ids):
                 continue
             args, kwargs = node.map_arguments(tensors)
@@ -238,34 +223,7 @@ def is_mixed_precision(model):
     return any(p.compute_dtype in ("float16", "bfloat16") for p in policies)
 
 
-@contextlib.contextmanager
-def _float32_policy():
-    previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-
-
-def _as_float32(model):
-    """A float32 clone of a mixed precision model with the same weights."""
-
-    def clone_float32(layer):
-        config = layer.get_config()
-        config["dtype"] = "float32"
-        return type(layer).from_config(config)
-
-    clone = keras.models.clone_model(model, clone_function=clone_float32)
-    clone.set_weights(model.get_weights())
-    return clone
-
-
 # ---------------------------------------------------------------- QAT
-
-
-def _has_pruning_wrappers(model):
-    return any("pruning_wrapper" in type(layer).__module__ for layer in model.layers)
 
 
 def check_qat_ready(model, only_layers=None, skip_layers=None):
@@ -280,7 +238,7 @@ def check_qat_ready(model, only_layers=None, skip_layers=None):
       ModelError: a model still wrapped for pruning.
     """
     ensure_tf_keras(model)
-    if _has_pruning_wrappers(model):
+    if pruning_wrappers(model):
         raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
                          "(tfaccel.compress.prune) before QAT")
     model = flatten_model(model)
@@ -327,36 +285,35 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
         logging.warning("QAT fine-tunes %r in float32, not under the mixed precision policy %r: "
                         "TF-MOT's fake-quant kernels have no float16 version",
                         model.name, keras.mixed_precision.global_policy().name)
-    tfmot = _tfmot()
     # TF-MOT clones through layer configs; a Lambda left in float (skip_layers) is the
     # caller's own in-memory code, so Keras's safe mode (meant for loading files) may let it be.
-    with _float32_policy(), keras.src.saving.serialization_lib.SafeModeScope(False):
-        if any(layer.dtype_policy.compute_dtype != "float32" for layer in model.layers):
-            model = _as_float32(model)
+    # The float32 policy also covers the layers TF-MOT adds.
+    with precision_scope("float32"), _compat.unsafe_deserialization():
+        model = apply_precision(model, "float32")
+        tfmot_keras = tfmot().quantization.keras
         every_layer = {layer.name for layer in model.layers
                        if not isinstance(layer, keras.layers.InputLayer)}
-        no_op = _no_op_config()
+        no_op = _compat.no_op_quantize_config()
         same_scale = {layer.name for layer in model.layers
                       if layer.name in chosen and type(layer).__name__ in _SAME_SCALE}
         if chosen == every_layer and not same_scale:
-            annotated = tfmot.quantization.keras.quantize_annotate_model(model)
+            annotated = tfmot_keras.quantize_annotate_model(model)
         else:
             def annotate(layer):
                 if layer.name not in chosen:
                     return layer
                 config = no_op() if layer.name in same_scale else None
-                return tfmot.quantization.keras.quantize_annotate_layer(layer, config)
+                return tfmot_keras.quantize_annotate_layer(layer, config)
 
             annotated = keras.models.clone_model(model, clone_function=annotate)
             annotated.set_weights(model.get_weights())
         if scheme == "prune_preserve":
-            quantize_scheme = (tfmot.quantization.keras.collab_opts
-                               .Default8BitPrunePreserveQuantizeScheme())
+            quantize_scheme = tfmot_keras.collab_opts.Default8BitPrunePreserveQuantizeScheme()
         else:
-            quantize_scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
+            quantize_scheme = tfmot_keras.default_8bit.Default8BitQuantizeScheme()
         try:
-            with tfmot.quantization.keras.quantize_scope({"NoOpQuantizeConfig": no_op}):
-                return tfmot.quantization.keras.quantize_apply(annotated, quantize_scheme)
+            with tfmot_keras.quantize_scope({"NoOpQuantizeConfig": no_op}):
+                return tfmot_keras.quantize_apply(annotated, quantize_scheme)
         except (RuntimeError, ValueError) as e:  # e.g. a custom layer without a QuantizeConfig
             raise UnsupportedLayerError(
                 f"TF-MOT cannot quantize {model.name!r}: {first_line(e)}; skip the layer it names "
@@ -382,8 +339,6 @@ def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=
       The errors of `prune.prune_to_sparsity` and `quantize_aware`
       (ConfigError, UnsupportedLayerError, ModelError).
     """
-    from tfaccel.compress import prune
-
     for config in prune_configs:
         # Only the structure matters here: a one-step ramp that any config can take.
         config = dataclasses.replace(config, initial_sparsity=0.0, begin_epoch=0.0,

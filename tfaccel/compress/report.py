@@ -2,8 +2,8 @@
 
 `comparison_rows` turns per-variant measurements into table rows with ratios
 against a baseline variant (normally the float TFLite file);
-`plot_accuracy_vs_size` draws accuracy against gzipped size; `write_report`
-writes the table as markdown and JSON plus the plot, and puts the same table
+`write_report` writes the table as markdown and JSON plus a plot of accuracy
+against gzipped size (`plots.plot_accuracy_vs_size`), and puts the same table
 (text) and plot (image) into TensorBoard.
 
 Example:
@@ -17,11 +17,9 @@ Example:
 import os
 import shutil
 
-import numpy as np
-
-from tfaccel import summaries
+from tfaccel import plots, summaries
 from tfaccel.errors import ConfigError
-from tfaccel.io import atomic_path, write_json, write_text
+from tfaccel.io import write_json, write_text
 
 COLUMNS = ("variant", "accuracy", "accuracy_change_points", "bytes", "gzip_bytes",
            "gzip_ratio", "latency_p50_us", "latency_mean_us", "speedup",
@@ -66,49 +64,6 @@ def comparison_rows(measured, baseline="float", reference_accuracy=None):
             for row in measured]
 
 
-def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy vs size"):
-    """A PNG scatter of accuracy (%) against gzipped size (KB, log scale), one point per variant.
-
-    Returns:
-      `path` (written atomically).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot as plt
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    points = [(row["gzip_bytes"] / 1024, 100 * row["accuracy"], row) for row in rows]
-    spread = max(0.5, max(p[1] for p in points) - min(p[1] for p in points))
-    placed = []
-    for x, y, row in sorted(points, key=lambda p: p[0]):
-        ax.scatter([x], [y], s=50, zorder=3)
-        # Stack the labels of variants that land on (nearly) the same spot.
-        near = sum(1 for px, py in placed
-                   if abs(np.log10(px / x)) < 0.2 and abs(py - y) < 0.08 * spread)
-        placed.append((x, y))
-        ax.annotate(f"{row['variant']} ({row.get('gzip_ratio', 1):.1f}x smaller)", (x, y),
-                    textcoords="offset points", xytext=(6, 6 - 12 * near), fontsize=8)
-    ax.margins(x=0.25, y=0.2)
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    if reference_accuracy is not None:
-        ax.axhline(100 * reference_accuracy, color="gray", linestyle="--", linewidth=1,
-                   label=f"float Keras ({100 * reference_accuracy:.2f}%)")
-        ax.legend(loc="lower right", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("gzipped size (KB, log scale)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
-
-
 def markdown_report(rows, summary, title="Optimized variants"):
     """The report as markdown: a title, the summary as a two-column table, the comparison table."""
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
@@ -138,7 +93,7 @@ def write_report(directory, logdir, rows, summary, title="Optimized variants", s
              "markdown": os.path.join(directory, f"{name}.md"),
              "png": os.path.join(directory, f"{name}.png"), "logdir": logdir}
     markdown = markdown_report(rows, summary, title)
-    plot_accuracy_vs_size(rows, paths["png"], reference_accuracy, title)
+    plots.plot_accuracy_vs_size(rows, paths["png"], reference_accuracy, title)
     write_json(paths["json"], {**summary, "variants": rows})
     write_text(paths["markdown"], markdown)
     summaries.write_text(logdir, f"{name}/table", markdown, step=step)

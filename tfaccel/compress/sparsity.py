@@ -19,9 +19,19 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfaccel import summaries
+from tfaccel.compress.pruning_layers import (
+    is_pruning_wrapper,
+    prunable_weights,
+    pruning_step,
+    pruning_wrappers,
+    walk_layers,
+)
+from tfaccel.compress.tflite import convert_to_tflite
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.io import atomic_path, file_size, gzipped_size
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.performance.precision import apply_precision
 
 _PRUNED_ZEROS = 0.01
 """Share of exact zeros above which a kernel of a stripped model counts as pruned."""
@@ -29,11 +39,9 @@ _PRUNED_ZEROS = 0.01
 
 def _layers_with_kernels(model):
     """[(name, layer, [kernel arrays]), ...], looking through pruning wrappers and nested models."""
-    from tfaccel.compress.prune import _walk, _wrapper_class, prunable_weights
-
     out = []
-    for layer in _walk(model):
-        wrapped = isinstance(layer, _wrapper_class())
+    for layer in walk_layers(model):
+        wrapped = is_pruning_wrapper(layer)
         inner = layer.layer if wrapped else layer
         weights = [w for w, _, _ in layer.pruning_vars] if wrapped else prunable_weights(inner)
         if weights:
@@ -160,13 +168,9 @@ def model_sizes(model, directory, name="model", tflite=True):
     ensure_tf_keras(model)
     os.makedirs(directory, exist_ok=True)
     if any(layer.compute_dtype != "float32" for layer in model.layers):
-        from tfaccel.performance.precision import apply_precision
-
         model = apply_precision(model, "float32")
     files = {"h5": save_without_optimizer(model, os.path.join(directory, f"{name}.h5"))}
     if tflite:
-        from tfaccel.compress.tflite import convert_to_tflite
-
         files["tflite"] = convert_to_tflite(model, os.path.join(directory, f"{name}.tflite"))
         files["tflite_sparse"] = convert_to_tflite(
             model, os.path.join(directory, f"{name}_sparse.tflite"), optimize_sparsity=True)
@@ -174,35 +178,32 @@ def model_sizes(model, directory, name="model", tflite=True):
             for k, p in files.items()}
 
 
-class SparsityLogger(keras.callbacks.Callback):
+class SparsityLogger(summaries.ScalarLogger):
     """Writes each pruned layer's measured sparsity, their total and the target to TensorBoard.
 
     Tags: `sparsity/<layer>`, `sparsity/pruned_layers`, `sparsity/target` (the
     schedule's value at the current pruning step) and `pruning/step`, at each
     epoch end (step = epoch, as Keras's own epoch scalars).
 
+    Args:
+      logdir: TensorBoard log directory.
+
     Attributes:
       history: one {'epoch', 'sparsity/...': ..., 'pruning/step'} per epoch.
       start_step: the pruning step when `fit` started (after a resume: the restored one).
     """
 
-    def __init__(self, log_dir):
-        super().__init__()
-        self.log_dir = str(log_dir)
+    def __init__(self, logdir):
+        super().__init__(logdir)
         self.history = []
         self.start_step = None
-        self._writer = None
 
     def on_train_begin(self, logs=None):
-        from tfaccel.compress.prune import pruning_step
-
         # Runs after BackupAndRestore and UpdatePruningStep (prune_to_sparsity's order).
         self.start_step = pruning_step(self.model)
 
     def on_epoch_end(self, epoch, logs=None):
-        from tfaccel.compress.prune import _walk, _wrapper_class
-
-        wrappers = [layer for layer in _walk(self.model) if isinstance(layer, _wrapper_class())]
+        wrappers = pruning_wrappers(self.model)
         if not wrappers:
             return
         report = sparsity_report(self.model)
@@ -218,39 +219,4 @@ class SparsityLogger(keras.callbacks.Callback):
         self.history.append({"epoch": epoch, **values})
         if logs is not None:
             logs["sparsity"] = report["pruned"]["sparsity"]
-        if self._writer is None:
-            self._writer = tf.summary.create_file_writer(self.log_dir)
-        with self._writer.as_default():
-            for tag, value in values.items():
-                tf.summary.scalar(tag, float(value), step=epoch)
-        self._writer.flush()
-
-    def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-
-def plot_sparsity(report, path, target=None, title="Sparsity per layer"):
-    """Bar chart (PNG) of each layer's measured sparsity, pruned layers highlighted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = report["layers"]
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(rows) + 2), 3.2), dpi=100)
-    colors = ["tab:blue" if r["pruned"] else "tab:gray" for r in rows]
-    ax.bar([r["layer"] for r in rows], [100 * r["sparsity"] for r in rows], color=colors)
-    if target is not None:
-        ax.axhline(100 * target, color="tab:red", linestyle="--", label=f"target {target:.0%}")
-        ax.legend(loc="lower right")
-    ax.set_ylabel("zero weights (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title(title + " (gray: kept dense)")
-    ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
-    return path
+        self.write(values, step=epoch)

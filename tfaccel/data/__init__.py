@@ -2,23 +2,15 @@
 
 `load_dataset` gives unbatched train/validation/test splits of a source;
 `build_pipeline` (or `build_splits`) turns them into fast batches for `fit`;
-`batch_dataset` is the plain shuffle-batch-prefetch kept for simple uses.
+`batch_dataset` is the same builder doing only shuffle-batch-prefetch, for simple uses.
+`DatasetInfo` and `Splits` (in `types`) are what every source returns.
 """
 
-from tfaccel.data.pipeline import (
-    PipelineConfig,
-    auto_shard_policy,
-    build_pipeline,
-    build_splits,
-    pipeline_options,
-    steps_per_epoch,
-)
+from tfaccel.data.bad_files import check_image_file
+from tfaccel.data.pipeline import batch_dataset, build_pipeline, build_splits, steps_per_epoch
+from tfaccel.data.pipeline_config import PipelineConfig, auto_shard_policy, pipeline_options
 from tfaccel.data.sources import (
     DATASETS,
-    DatasetInfo,
-    Splits,
-    batch_dataset,
-    check_image_file,
     from_arrays,
     load_dataset,
     load_digits,
@@ -27,12 +19,9 @@ from tfaccel.data.sources import (
     load_synthetic,
 )
 from tfaccel.data.tfds import load_tfds
-from tfaccel.data.tfrecord import (
-    load_tfrecord,
-    parse_feature_spec,
-    scan_tfrecords,
-    write_image_tfrecords,
-)
+from tfaccel.data.tfrecord import load_tfrecord, write_image_tfrecords
+from tfaccel.data.tfrecord_scan import parse_feature_spec, scan_tfrecords
+from tfaccel.data.types import DatasetInfo, Splits
 
 __all__ = [
     "DATASETS",

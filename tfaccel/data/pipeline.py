@@ -18,7 +18,11 @@ JPEG/PNG bytes) and adds, in this order, what is known to matter for speed:
 7. ``prefetch(AUTOTUNE)`` and the options: ``deterministic`` off unless asked, threading
    (one intra-op thread per element: the parallelism is across elements), tf.data's
    autotune thread off unless asked (see `PipelineConfig.autotune`), autotune RAM budget,
-   auto-shard policy (DATA for in-memory sources, FILE for files).
+   and the auto-shard policy when `PipelineConfig.shard_policy` forces one (else
+   `tfaccel.distribute.with_shard_policy` sets it: DATA for in-memory sources, FILE
+   for file readers).
+
+`batch_dataset` is the same builder with nothing to do but shuffle, batch and prefetch.
 
 Decoding images in parallel also needs the host allocator to keep up: call
 `tfaccel.performance.memory.use_pooled_host_allocator()` at the start of the program (the
@@ -41,152 +45,17 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfaccel.choices import CACHE_MODES, ON_BAD_EXAMPLE
+from tfaccel.choices import CACHE_MODES
 from tfaccel.data import augment
+from tfaccel.data.pipeline_config import PipelineConfig, pipeline_options
 from tfaccel.errors import ConfigError
 
 log = logging.getLogger("tfaccel")
-
-SHARD_POLICIES = {
-    "auto": tf.data.experimental.AutoShardPolicy.AUTO,
-    "data": tf.data.experimental.AutoShardPolicy.DATA,
-    "file": tf.data.experimental.AutoShardPolicy.FILE,
-    "off": tf.data.experimental.AutoShardPolicy.OFF,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """How `build_pipeline` turns unbatched examples into batches.
-
-    Args:
-      batch_size: global batch size (over all replicas).
-      image_size: (height, width) to resize to; needed when images are encoded bytes.
-      channels: channels to decode encoded images to.
-      central_crop: fraction of height and width kept (deterministic, before the cache).
-      random_crop: (height, width) random window in training; the central window of that
-        size in evaluation.
-      random_flip: random left-right flips in training.
-      rescale: (scale, offset): ``x * scale + offset``.
-      normalize_mean, normalize_std: per-channel ``(x - mean) / std``.
-      standardize: per-image standardization (zero mean, unit variance).
-      one_hot: one-hot labels (needs `num_classes` here or in the `info` given).
-      num_classes: classes for one-hot and mixup.
-      mixup_alpha: > 0 enables mixup in training (implies one-hot labels, in evaluation too).
-      cache: 'auto' (memory when it fits `cache_budget_mb`), 'memory', 'none', or a file
-        path prefix for an on-disk cache.
-      cache_budget_mb: largest dataset 'auto' caches in memory.
-      shuffle_buffer: examples in the shuffle buffer; None sizes it to `shuffle_budget_mb`
-        (and at most the dataset).
-      shuffle_budget_mb: RAM the automatic shuffle buffer may use.
-      drop_remainder: drop the last partial batch (strategies that need static shapes).
-      deterministic: keep element order through parallel stages (slower); off by default.
-      num_parallel_calls: parallelism of maps and batching; AUTOTUNE by default.
-      private_threadpool_size: tf.data's own thread pool size (0 = TF's default).
-      max_intra_op_parallelism: threads one op of the pipeline may use; 1 by default, because
-        the parallelism comes from running many elements at once (with TF's default, each
-        resize is split over all cores too, and the two levels fight for the same cores).
-        0 = TF's default.
-      autotune: run tf.data's autotune thread, which retunes each stage's parallelism and
-        buffers while the pipeline runs. Off by default: every ``AUTOTUNE`` stage then runs
-        min(16, cores) calls (autotune's own starting point), and in TF 2.21 the autotune
-        thread often stalls the end of each pass: destroying an iterator waits out the
-        thread's current sleep, up to ~1.3 s per epoch (measured on 2 cores, where it
-        halved the images/s of a 2,000-image epoch; see benchmarks/bench_data.py).
-        Turn it on for long epochs on many cores, where its tuning can pay off.
-      ram_budget_mb: autotune's RAM budget (None = TF's default, half the RAM); needs
-        ``autotune=True``.
-      shard_policy: 'auto', 'data', 'file', 'off', or None to leave TensorFlow's default;
-        see `auto_shard_policy`.
-      on_bad_example: 'fail' (an undecodable example stops the run) or 'skip' (dropped).
-    """
-
-    batch_size: int = 64
-    image_size: tuple | None = None
-    channels: int = 3
-    central_crop: float | None = None
-    random_crop: tuple | None = None
-    random_flip: bool = False
-    rescale: tuple | None = None
-    normalize_mean: tuple | None = None
-    normalize_std: tuple | None = None
-    standardize: bool = False
-    one_hot: bool = False
-    num_classes: int | None = None
-    mixup_alpha: float = 0.0
-    cache: str = "auto"
-    cache_budget_mb: float = 2048
-    shuffle_buffer: int | None = None
-    shuffle_budget_mb: float = 256
-    drop_remainder: bool = False
-    deterministic: bool = False
-    num_parallel_calls: int = tf.data.AUTOTUNE
-    private_threadpool_size: int = 0
-    max_intra_op_parallelism: int = 1
-    autotune: bool = False
-    ram_budget_mb: float | None = None
-    shard_policy: str | None = None
-    on_bad_example: str = "fail"
-
-    def __post_init__(self):
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size={self.batch_size} must be at least 1")
-        if self.cache not in CACHE_MODES and not str(self.cache).strip():
-            raise ConfigError(f"cache={self.cache!r}: use one of {', '.join(CACHE_MODES)} "
-                              "or a file path prefix")
-        if self.cache not in CACHE_MODES:
-            _check_cache_folder(self.cache)
-        if self.shard_policy is not None and self.shard_policy not in SHARD_POLICIES:
-            raise ConfigError(f"shard_policy={self.shard_policy!r}: use one of "
-                              f"{', '.join(SHARD_POLICIES)}")
-        if self.on_bad_example not in ON_BAD_EXAMPLE:
-            raise ConfigError(f"on_bad_example={self.on_bad_example!r}: use skip or fail")
-        if self.central_crop is not None and not 0.0 < self.central_crop <= 1.0:
-            raise ConfigError(f"central_crop={self.central_crop} must be a fraction in (0, 1]")
-        if (self.normalize_mean is None) != (self.normalize_std is None):
-            raise ConfigError("normalize needs both normalize_mean and normalize_std")
-        if self.normalize_std is not None and (
-                len(self.normalize_std) != len(self.normalize_mean)
-                or min(self.normalize_std) <= 0):
-            raise ConfigError(f"normalize_mean={self.normalize_mean} and normalize_std="
-                              f"{self.normalize_std} must have one value per channel, std > 0")
-        if self.mixup_alpha < 0:
-            raise ConfigError(f"mixup_alpha={self.mixup_alpha} must be >= 0 (0 turns it off)")
-        if self.ram_budget_mb is not None and not self.autotune:
-            raise ConfigError(f"ram_budget_mb={self.ram_budget_mb} is autotune's RAM budget: set "
-                              "autotune=True too, or drop ram_budget_mb")
-        if self.shuffle_buffer is not None and self.shuffle_buffer < 1:
-            raise ConfigError(f"shuffle_buffer={self.shuffle_buffer} must be at least 1")
-
-
-def _check_cache_folder(prefix):
-    """tf.data writes a file cache as `prefix`.* files: their folder must exist and be writable
-    before the first epoch, or the run stops mid-training with files left behind."""
-    import os
-
-    from tfaccel.io import cannot_write
-
-    folder = os.path.dirname(os.path.abspath(prefix))
-    fix = ("pass a prefix in an existing folder you can write to (e.g. --cache=/tmp/train_cache), "
-           "or --cache=memory")
-    if os.path.isdir(prefix):
-        raise ConfigError(f"cache={prefix!r} is a folder: the cache is a file name prefix, e.g. "
-                          f"{os.path.join(prefix, 'train')!r}")
-    if not os.path.isdir(folder):
-        raise ConfigError(f"cache={prefix!r}: folder {folder} does not exist: {fix}")
-    if why := cannot_write(folder):
-        raise ConfigError(f"cache={prefix!r}: cannot write to {folder} ({why}): {fix}")
 
 
 def steps_per_epoch(num_examples, batch_size, drop_remainder=False):
     """Batches (optimizer steps without gradient accumulation) in one epoch."""
     return max(1, num_examples // batch_size if drop_remainder else -(-num_examples // batch_size))
-
-
-def auto_shard_policy(info):
-    """'data' for in-memory sources, 'file' for sources read from files (`DatasetInfo.in_memory`).
-    """
-    return "data" if info.in_memory else "file"
 
 
 def _element_bytes(spec):
@@ -228,8 +97,9 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
     """
     c = config
     parallel = c.num_parallel_calls
-    images_spec = dataset.element_spec[0]
-    encoded = images_spec.dtype == tf.string
+    spec = dataset.element_spec
+    pairs = isinstance(spec, tuple) and len(spec) == 2  # the image steps need (image, label)
+    encoded = pairs and getattr(spec[0], "dtype", None) == tf.string
     if encoded and c.image_size is None:
         raise ConfigError("the dataset holds encoded images: set image_size=(height, width) "
                           "to decode them")
@@ -268,8 +138,16 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
         return x, y
 
     has_vector_ops = c.rescale is not None or c.normalize_mean is not None or c.standardize
-    if encoded or size or (c.central_crop or 1.0) < 1.0 or (crop and not training) or (
-            vectors_before_cache and has_vector_ops):
+    example_steps = encoded or size or (c.central_crop or 1.0) < 1.0 or (
+        crop and not training) or (vectors_before_cache and has_vector_ops)
+    batch_steps = (training and (c.random_flip or c.mixup_alpha > 0)) or want_one_hot or (
+        has_vector_ops and not vectors_before_cache)
+    if not pairs and (example_steps or batch_steps or crop):
+        raise ConfigError(f"the config asks for image steps (resize, crop, flip, rescale, "
+                          f"normalize, standardize, one-hot, mixup), which need (image, label) "
+                          f"elements, and the dataset's are {spec}: map it to pairs first, or "
+                          "leave those settings out")
+    if example_steps:
         dataset = dataset.map(per_example, num_parallel_calls=parallel,
                               deterministic=c.deterministic)
     if crop:
@@ -320,8 +198,7 @@ def build_pipeline(dataset, config=PipelineConfig(), *, training, info=None, num
             x, y = augment.mixup(x, y, c.mixup_alpha)
         return x, y
 
-    if (training and (c.random_flip or c.mixup_alpha > 0)) or want_one_hot or (
-            has_vector_ops and not vectors_before_cache):
+    if batch_steps:
         dataset = dataset.map(per_batch, num_parallel_calls=parallel, deterministic=c.deterministic)
     if not training:
         # later passes (each validation) reuse whole batches; the prefetch keeps the first
@@ -353,37 +230,46 @@ def _shuffled_per_epoch(dataset, buffer, seed, epoch):
     return shuffled
 
 
-def pipeline_options(config):
-    """The `tf.data.Options` a `PipelineConfig` asks for."""
-    options = tf.data.Options()
-    options.deterministic = bool(config.deterministic)
-    # Fuse consecutive parallel maps (a source's decode and the builder's per-example map).
-    options.experimental_optimization.map_fusion = True
-    if config.private_threadpool_size:
-        options.threading.private_threadpool_size = int(config.private_threadpool_size)
-    if config.max_intra_op_parallelism:
-        options.threading.max_intra_op_parallelism = int(config.max_intra_op_parallelism)
-    options.autotune.enabled = bool(config.autotune)
-    if config.ram_budget_mb:
-        options.autotune.ram_budget = int(config.ram_budget_mb * 2**20)
-    if config.shard_policy is not None:
-        options.experimental_distribute.auto_shard_policy = SHARD_POLICIES[config.shard_policy]
-    return options
-
-
 def build_splits(splits, config=PipelineConfig(), *, seed=None, epoch=None):
     """Train (shuffled, augmented), validation and test pipelines of a `Splits`.
+
+    A file cache (`config.cache` a path prefix) is kept per split, as
+    ``<prefix>-train``, ``<prefix>-validation`` and ``<prefix>-test``.
 
     Returns:
       ``(train, validation, test)`` batched datasets.
     """
     info = splits.info
     count = info.num_examples
-    # Evaluation keeps its last partial batch: dropping it would score fewer examples.
-    evaluation = dataclasses.replace(config, drop_remainder=False)
-    return (build_pipeline(splits.train, config, training=True, info=info,
+
+    def config_of(split):
+        # Evaluation keeps its last partial batch: dropping it would score fewer examples.
+        changes = {} if split == "train" else {"drop_remainder": False}
+        if config.cache not in CACHE_MODES:  # a file prefix: one cache per split
+            changes["cache"] = f"{config.cache}-{split}"
+        return dataclasses.replace(config, **changes)
+
+    return (build_pipeline(splits.train, config_of("train"), training=True, info=info,
                            num_examples=count.get("train"), seed=seed, epoch=epoch),
-            build_pipeline(splits.validation, evaluation, training=False, info=info,
-                           num_examples=count.get("validation")),
-            build_pipeline(splits.test, evaluation, training=False, info=info,
+            build_pipeline(splits.validation, config_of("validation"), training=False,
+                           info=info, num_examples=count.get("validation")),
+            build_pipeline(splits.test, config_of("test"), training=False, info=info,
                            num_examples=count.get("test")))
+
+
+def batch_dataset(ds, batch_size, *, training, seed=0, drop_remainder=False, shuffle_buffer=10_000):
+    """Shuffles (training only), batches and prefetches an unbatched dataset.
+
+    `build_pipeline` with nothing else to do: elements may be anything, not
+    only ``(image, label)``; evaluation keeps their order and training takes
+    that of ``ds.shuffle(shuffle_buffer, seed)``. Nothing is cached, and
+    tf.data's own defaults for its runtime are kept (autotune thread on, ops
+    free to use every core), as for any hand-written pipeline.
+
+    Raises:
+      ConfigError: `batch_size` or (in training) `shuffle_buffer` is not a positive integer.
+    """
+    config = PipelineConfig(batch_size=batch_size, drop_remainder=drop_remainder, cache="none",
+                            shuffle_buffer=shuffle_buffer if training else None,
+                            deterministic=True, autotune=True, max_intra_op_parallelism=0)
+    return build_pipeline(ds, config, training=training, seed=seed)

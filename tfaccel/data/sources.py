@@ -13,48 +13,22 @@ Example:
     print(splits.info.input_shape, splits.info.num_classes)   # (8, 8, 1) 10
 """
 
-import dataclasses
 import os
 
 import numpy as np
 import tensorflow as tf
 
 from tfaccel.choices import DATASETS
-from tfaccel.data.bad_files import check_image_file, drop_bad_files  # noqa: F401 (re-exported)
-from tfaccel.errors import DataError
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+from tfaccel.data import augment
+from tfaccel.data.bad_files import drop_bad_files
+from tfaccel.data.tfds import load_tfds
+from tfaccel.data.tfrecord import load_tfrecord
+from tfaccel.data.types import DatasetInfo, Splits
+from tfaccel.errors import DataError, first_line
 
 # The digits split is fixed (not seeded by the run) so that every run, preset
 # and report is scored on the same 360 test images.
 _DIGITS_SPLIT_SEED = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """What a model and a pipeline need to know about a dataset."""
-
-    name: str
-    input_shape: tuple
-    num_classes: int
-    class_names: tuple
-    num_examples: dict
-    in_memory: bool = True
-    """True when the examples live in memory (auto-shard by DATA), False for files."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Splits:
-    """Unbatched train / validation / test datasets of ``(x, label)`` plus their info."""
-
-    train: tf.data.Dataset
-    validation: tf.data.Dataset
-    test: tf.data.Dataset
-    info: DatasetInfo
-    files: dict | None = None
-    """For file sources: {'train': [paths], ...}, the files behind each split."""
-    bad_files: tuple = ()
-    """(file, reason) of each file or record skipped with on_bad_example='skip'."""
 
 
 def _split_indices(labels, validation_fraction, test_fraction, seed):
@@ -200,8 +174,6 @@ def list_image_dir(path):
 
 def decode_image(path, image_size, channels):
     """Reads, decodes and resizes one image file to float32 in [0, 1]."""
-    from tfaccel.data import augment
-
     return augment.decode(tf.io.read_file(path), tuple(image_size), channels)
 
 
@@ -266,7 +238,7 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
     except Exception as e:  # zipfile/pickle errors come in many types
-        raise DataError(f"npz file {path!r} cannot be read ({type(e).__name__}: {e}); "
+        raise DataError(f"npz file {path!r} cannot be read ({first_line(e, with_type=True)}); "
                         "save it with numpy.savez") from None
 
     def prep(x, key):
@@ -360,34 +332,12 @@ def load_dataset(name, data_dir=None, *, image_size=(64, 64), input_shape=(8, 8,
     if name == "npz":
         return load_npz(data_dir, seed=seed)
     if name == "tfrecord":
-        from tfaccel.data.tfrecord import load_tfrecord
-
         return load_tfrecord(data_dir, features, image_size=image_size,
                              on_bad_example=on_bad_example)
     if name == "tfds":
-        from tfaccel.data.tfds import load_tfds
-
         if not tfds_name:
             raise DataError("dataset 'tfds' needs a dataset name: "
                             "pass --tfds_name=mnist (or name:version)")
         return load_tfds(tfds_name, data_dir, image_size=image_size)
     raise DataError(f"unknown dataset {name!r}: use one of {', '.join(DATASETS)}")
 
-
-def batch_dataset(ds, batch_size, *, training, seed=0, drop_remainder=False, shuffle_buffer=10_000):
-    """Shuffles (training only), batches and prefetches an unbatched dataset.
-
-    Raises:
-      ConfigError: `batch_size` or (in training) `shuffle_buffer` is not a positive integer.
-    """
-    from tfaccel.errors import ConfigError
-
-    for name, value in (("batch_size", batch_size), ("shuffle_buffer", shuffle_buffer)):
-        if name == "shuffle_buffer" and not training:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be a positive integer, e.g. "
-                              f"{64 if name == 'batch_size' else 10_000}")
-    if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    return ds.batch(batch_size, drop_remainder=drop_remainder).prefetch(tf.data.AUTOTUNE)

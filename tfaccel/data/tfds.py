@@ -11,7 +11,7 @@ import os
 
 import tensorflow as tf
 
-from tfaccel.data.sources import DatasetInfo, Splits
+from tfaccel.data.types import DatasetInfo, Splits
 from tfaccel.errors import DataError
 
 

@@ -3,15 +3,17 @@
 `--batch_size` is global: `per_replica_batch_size` splits it over the replicas
 (and says which sizes would divide evenly), `scale_learning_rate` is the one
 linear-scaling rule, `needs_drop_remainder` keeps every step's batch full,
-`with_shard_policy` gives each worker its share of the input, and
-`worker_output_dir` keeps every file a run writes on the chief.
+`shard_policy` is the one decision of how workers share the input (applied by
+`with_shard_policy`; `tfaccel.data.PipelineConfig.shard_policy` forces one by
+name), and `worker_output_dir` keeps every file a run writes on the chief.
 
 Example:
 
     from tfaccel.distribute import batching
 
-    batching.per_replica_batch_size(64, 2)         # 32
-    batching.scale_learning_rate(0.1, 2)           # 0.2
+    batching.per_replica_batch_size(64, 2)                      # 32
+    batching.scale_learning_rate(0.1, 512)                      # 0.2: tuned for 256 per step
+    batching.scale_learning_rate(0.1, 2, base_batch_size=1)     # 0.2: x replicas (--scale_lr)
 """
 
 import atexit
@@ -20,13 +22,23 @@ import tempfile
 
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.distribute.strategy import is_chief
 from tfaccel.errors import ConfigError
 
 __all__ = [
-    "per_replica_batch_size", "scale_learning_rate", "needs_drop_remainder",
-    "reads_through_file_readers", "shard_policy", "with_shard_policy", "worker_output_dir",
+    "per_replica_batch_size", "scale_learning_rate", "needs_drop_remainder", "SHARD_POLICIES",
+    "check_shard_policy", "reads_through_file_readers", "shard_policy", "with_shard_policy",
+    "worker_output_dir",
 ]
+
+SHARD_POLICIES = {
+    "auto": tf.data.experimental.AutoShardPolicy.AUTO,
+    "data": tf.data.experimental.AutoShardPolicy.DATA,
+    "file": tf.data.experimental.AutoShardPolicy.FILE,
+    "off": tf.data.experimental.AutoShardPolicy.OFF,
+}
+"""tf.data's auto-shard policies by the names a user may force one with."""
 
 
 def per_replica_batch_size(global_batch_size, num_replicas):
@@ -44,9 +56,31 @@ def per_replica_batch_size(global_batch_size, num_replicas):
     return global_batch_size // num_replicas
 
 
-def scale_learning_rate(learning_rate, num_replicas):
-    """Linear scaling rule: the learning rate times the replica count (Goyal et al., 2017)."""
-    return float(learning_rate) * int(num_replicas)
+def scale_learning_rate(learning_rate, global_batch_size, base_batch_size=256):
+    """The linear scaling rule (Goyal et al. 2017): ``lr * global_batch_size / base_batch_size``.
+
+    A rate tuned for steps of `base_batch_size` examples, scaled to steps of
+    `global_batch_size` (the batch summed over all replicas). The train
+    recipe's ``--scale_lr`` takes ``--learning_rate`` as tuned for one
+    replica's batch, so it counts in per-replica batches: ``lr x replicas``,
+    whatever the per-replica batch (``scale_learning_rate(lr, replicas,
+    base_batch_size=1)``).
+
+    Args:
+      learning_rate: the rate tuned for `base_batch_size`.
+      global_batch_size: the batch summed over all replicas.
+      base_batch_size: the batch size `learning_rate` was tuned for.
+
+    Returns:
+      The scaled learning rate (float).
+
+    Raises:
+      ConfigError: a batch size is not positive.
+    """
+    if global_batch_size <= 0 or base_batch_size <= 0:
+        raise ConfigError(f"batch sizes must be positive: global_batch_size={global_batch_size}, "
+                          f"base_batch_size={base_batch_size}")
+    return float(learning_rate) * global_batch_size / base_batch_size
 
 
 def needs_drop_remainder(strategy):
@@ -64,29 +98,52 @@ def needs_drop_remainder(strategy):
 _READER_OPS = (b"TFRecordDataset", b"TextLineDataset", b"FixedLengthRecordDataset")
 
 
+def check_shard_policy(name):
+    """Returns `name` when it names one of `SHARD_POLICIES`.
+
+    Raises:
+      ConfigError: any other name.
+    """
+    if not isinstance(name, str) or name not in SHARD_POLICIES:
+        raise ConfigError(f"shard_policy={name!r}: use one of {', '.join(SHARD_POLICIES)}")
+    return name
+
+
 def reads_through_file_readers(dataset):
     """True when `dataset` reads files with reader datasets (TFRecord, text lines, fixed length)."""
-    # The serialized graph is what tf.data's auto-shard rewrite inspects too.
-    graph = dataset._as_serialized_graph().numpy()
+    graph = _compat.serialized_dataset_graph(dataset)
     return any(op in graph for op in _READER_OPS)
 
 
-def shard_policy(dataset, in_memory):
+def shard_policy(dataset, in_memory, policy=None):
     """The auto-shard policy for `dataset`: DATA for in-memory sources, FILE for file readers.
 
     FILE sharding gives each worker its own files; TensorFlow can only do that
     when the pipeline reads through a reader dataset, so a file source read
     with `tf.io.read_file` (image folders) falls back to DATA: every worker
     decodes every file and keeps its share of the examples.
+
+    Args:
+      dataset: the dataset to shard.
+      in_memory: True for in-memory sources (`DatasetInfo.in_memory`).
+      policy: a name of `SHARD_POLICIES` to force instead (e.g.
+        `PipelineConfig.shard_policy`), or None for the rule above.
+
+    Returns:
+      A `tf.data.experimental.AutoShardPolicy`.
+
+    Raises:
+      ConfigError: `policy` names no policy.
     """
-    policy = tf.data.experimental.AutoShardPolicy
+    if policy is not None:
+        return SHARD_POLICIES[check_shard_policy(policy)]
     if not in_memory and reads_through_file_readers(dataset):
-        return policy.FILE
-    return policy.DATA
+        return SHARD_POLICIES["file"]
+    return SHARD_POLICIES["data"]
 
 
-def with_shard_policy(dataset, in_memory, num_workers=1):
-    """`dataset` with the auto-shard policy of `shard_policy` set, ready for `fit` under any
+def with_shard_policy(dataset, in_memory, num_workers=1, policy=None):
+    """`dataset` with its auto-shard policy (`shard_policy`) set, ready for `fit` under any
     strategy.
 
     With DATA sharding every worker runs the whole pipeline and keeps every
@@ -98,11 +155,12 @@ def with_shard_policy(dataset, in_memory, num_workers=1):
       dataset: a batched dataset.
       in_memory: True for in-memory sources (`DatasetInfo.in_memory`).
       num_workers: worker processes training together (`num_workers(strategy)`).
+      policy: a name of `SHARD_POLICIES` to force, or None for `shard_policy`'s rule.
     """
     options = tf.data.Options()
-    policy = shard_policy(dataset, in_memory)
-    options.experimental_distribute.auto_shard_policy = policy
-    if num_workers > 1 and policy == tf.data.experimental.AutoShardPolicy.DATA:
+    chosen = shard_policy(dataset, in_memory, policy)
+    options.experimental_distribute.auto_shard_policy = chosen
+    if num_workers > 1 and chosen == SHARD_POLICIES["data"]:
         options.deterministic = True
     return dataset.with_options(options)
 

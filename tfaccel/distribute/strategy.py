@@ -3,10 +3,10 @@
 `make_strategy("auto")` gives MirroredStrategy when several GPUs (or several
 logical CPU devices, see `split_cpu`) are visible, MultiWorkerMirroredStrategy
 when `TF_CONFIG` or Slurm describes a cluster of workers, and the default
-strategy otherwise. The helpers around it make the batch arithmetic explicit
-(`--batch_size` is global: `per_replica_batch_size`), scale the learning rate
-with the replica count, choose the right auto-shard policy for a dataset, and
-keep every file a run writes on the chief (`worker_output_dir`).
+strategy otherwise. `num_workers`, `is_chief`, `barrier` and `describe` tell
+the code what it runs in; the batch arithmetic, learning-rate scaling,
+auto-shard policy and chief-only output that go with a strategy are in
+`tfaccel.distribute.batching`.
 
 Example:
 
@@ -26,6 +26,7 @@ import os
 
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.choices import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES
 from tfaccel.errors import ConfigError, first_line
 
@@ -123,25 +124,22 @@ def parse_tf_config(text):
 
 def _slurm_resolver(environ, port_base):
     """TF's Slurm resolver, re-wrapped so that a CPU-only cluster reports no GPUs."""
-    from tensorflow.python.distribute.cluster_resolver import (
-        SimpleClusterResolver,
-        slurm_cluster_resolver as slurm,
-    )
-
+    resolvers = tf.distribute.cluster_resolver
     num_tasks = int(environ["SLURM_STEP_NUM_TASKS"])
     num_gpus = len(tf.config.list_physical_devices("GPU"))
     try:
         # With no GPUs, Slurm's resolver would step GPU ids by 0: give it one id per task and
         # report 0 accelerators ourselves so that the strategy uses the CPU.
-        resolver = slurm.SlurmClusterResolver(
+        resolver = resolvers.SlurmClusterResolver(
             port_base=port_base, gpus_per_node=num_gpus or num_tasks,
             gpus_per_task=None if num_gpus else 1, auto_set_gpu=bool(num_gpus))
         spec = resolver.cluster_spec()
     except (KeyError, RuntimeError, ValueError) as e:
         raise ConfigError(f"cannot resolve the Slurm cluster from SLURM_* variables ({e}): run "
                           "inside `srun`, or set TF_CONFIG instead") from None
-    return SimpleClusterResolver(spec, task_type=resolver.task_type, task_id=resolver.task_id,
-                                 num_accelerators={"GPU": num_gpus}, rpc_layer="grpc")
+    return resolvers.SimpleClusterResolver(
+        spec, task_type=resolver.task_type, task_id=resolver.task_id,
+        num_accelerators={"GPU": num_gpus}, rpc_layer="grpc")
 
 
 def cluster_resolver_from_env(environ=None, slurm_port_base=8888):
@@ -164,9 +162,7 @@ def cluster_resolver_from_env(environ=None, slurm_port_base=8888):
         config = parse_tf_config(text)
         if environ is os.environ:  # the resolver TensorFlow's and Keras's own helpers expect
             return tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
-
-        return SimpleClusterResolver(
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(config["cluster"]), task_type=config["task"]["type"],
             task_id=config["task"]["index"], rpc_layer=config.get("rpc_layer", "grpc"),
             num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
@@ -303,7 +299,7 @@ def make_strategy(name="auto", *, cross_device_ops="auto", collective="auto",
 
 def num_workers(strategy):
     """How many worker processes train together (1 unless multi-worker)."""
-    return int(getattr(strategy.extended, "_num_workers", 1) or 1)
+    return _compat.num_workers(strategy)
 
 
 def is_chief(strategy):
@@ -330,15 +326,11 @@ def barrier(strategy):
     all_reduce()
 
 
-_PUBLIC_NAMES = {"_DefaultDistributionStrategy": "default",
-                 "CollectiveAllReduceStrategy": "MultiWorkerMirroredStrategy"}
-
-
 def describe(strategy):
     """A dict for reports: strategy class, replicas, workers, this task, chief or not."""
     resolver = getattr(strategy, "cluster_resolver", None)
     task = f"{resolver.task_type}:{resolver.task_id}" \
         if resolver is not None and resolver.task_type else None
-    return {"strategy": _PUBLIC_NAMES.get(type(strategy).__name__, type(strategy).__name__),
+    return {"strategy": _compat.strategy_name(strategy),
             "replicas": int(strategy.num_replicas_in_sync),
             "workers": num_workers(strategy), "task": task, "chief": is_chief(strategy)}

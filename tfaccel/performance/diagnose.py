@@ -27,6 +27,7 @@ import time
 
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.errors import ConfigError
 
 INPUT_BOUND = "input-bound"
@@ -92,11 +93,6 @@ def measure_input_throughput(dataset, *, num_batches=20, warmup=3, repeats=3):
     return max(runs), tuple(runs)
 
 
-def _steps_per_execution(model):
-    spe = getattr(model, "_steps_per_execution", None)
-    return int(spe.numpy()) if spe is not None else 1
-
-
 def measure_step_throughput(model, dataset, *, num_steps=20, warmup=3, repeats=3, cached_batches=4,
                             restore=True):
     """Examples/s of the compiled model's train step alone, on batches held in memory.
@@ -118,7 +114,7 @@ def measure_step_throughput(model, dataset, *, num_steps=20, warmup=3, repeats=3
                           "compile it before measuring its train step")
     strategy = model.distribute_strategy
     cached = dataset.take(cached_batches).cache().repeat()
-    per_call = _steps_per_execution(model)
+    per_call = _compat.steps_per_execution(model)
     batch = _batch_size(next(iter(dataset.take(1))))
     with _restored(model, enabled=restore):
         with strategy.scope():
@@ -150,7 +146,7 @@ class _restored:
         with model.distribute_strategy.scope():
             if hasattr(model.optimizer, "build"):
                 model.optimizer.build(model.trainable_variables)
-        self.counter = getattr(model, "_train_counter", None)
+        self.counter = _compat.train_counter(model)
         self.counter_value = self.counter.numpy() if self.counter is not None else None
         self.dir = tempfile.mkdtemp(prefix="tfaccel-diagnose-")
         self.ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)

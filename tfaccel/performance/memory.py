@@ -33,6 +33,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
+from tfaccel import _compat
 from tfaccel.choices import ALLOCATORS, HOST_ALLOCATORS  # noqa: F401 (re-exported)
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
@@ -155,7 +156,8 @@ def host_allocator():
     (`tf.config.experimental.get_memory_info`), so statistics cannot tell the
     pool from oneDNN's allocator; the allocator's name can. TensorFlow records
     it in a traced step's memory statistics, read here from a one-op graph on
-    CPU:0 (the CPU allocator is one per process, shared by graphs and eager code).
+    CPU:0 (`_compat.traced_allocator_names`; the CPU allocator is one per
+    process, shared by graphs and eager code).
 
     This initializes TensorFlow's devices: call it after splitting CPUs and
     setting GPU memory options.
@@ -170,17 +172,7 @@ def host_allocator():
       own name for an allocator not listed there, or None if it recorded none.
     """
     tf.config.list_logical_devices("CPU")  # the devices, and their allocator, as eager code has
-    graph = tf.Graph()
-    with graph.as_default(), tf.device("/device:CPU:0"):
-        fed = tf.compat.v1.placeholder(tf.float32, (4,))
-        doubled = tf.concat([fed, fed], 0)  # a fresh output buffer, never folded or forwarded
-    run_metadata = tf.compat.v1.RunMetadata()
-    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    with tf.compat.v1.Session(graph=graph) as session:
-        session.run(doubled, {fed: [0.0] * 4}, options=options, run_metadata=run_metadata)
-    names = [memory.allocator_name for device in run_metadata.step_stats.dev_stats
-             if device.device.endswith("CPU:0") for node in device.node_stats
-             for memory in node.memory]
+    names = _compat.traced_allocator_names("CPU:0")
     if not names:
         return None
     return HOST_ALLOCATOR_KINDS.get(names[0], names[0])

@@ -1,4 +1,4 @@
-"""Mixed precision and XLA: set them safely, or measure and keep the fastest.
+"""Mixed precision and XLA settings: checked, set safely on any model, loss-scaled for float16.
 
 `set_precision` sets the tf_keras global dtype policy (float32,
 mixed_float16 or mixed_bfloat16); set it before building the model.
@@ -7,11 +7,11 @@ under a policy while the layers that produce its outputs stay float32, so the
 softmax and the loss never run in half precision. `wrap_optimizer` adds
 dynamic loss scaling for float16, and `scaled_gradients` does the same in a
 custom training loop. `precision_advice` says when a choice will not pay off
-on this hardware.
+on this hardware. `apply_precision(model, "float32")` is also how tfaccel makes
+the float32 copy of a mixed precision model that quantization and export need.
 
-`auto_select` (the recipes' `--precision=auto` and `--jit_compile=auto`) trains
-each candidate for a few steps on the actual model and data and keeps the
-fastest, never one slower than float32 without XLA.
+Measuring which precision and XLA setting is fastest (the recipes'
+`--precision=auto` and `--jit_compile=auto`) is `tfaccel.performance.trials`.
 
 Example:
 
@@ -25,19 +25,14 @@ Example:
 """
 
 import contextlib
-import dataclasses
 
 import tensorflow as tf
-from absl import logging
 
+from tfaccel import _compat
 from tfaccel.choices import JIT_CHOICES, PRECISIONS
-from tfaccel.errors import ConfigError, ModelError
+from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
-BASELINE = ("float32", False)
-"""The setting `auto_select` compares against and falls back to."""
-MIN_SPEEDUP = 1.05
-"""How much faster than the baseline `auto_select` needs another setting to measure."""
 _MIN_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
 
@@ -131,29 +126,18 @@ def _cpu_flags():
     return set()
 
 
-def _output_layers(model):
-    if isinstance(model, keras.Sequential):
-        return [model.layers[-1]]
-    return list(getattr(model, "_output_layers", []))
-
-
 def outputs_are_float32(model):
     """True when every output of `model` is float32."""
     return all(t.dtype == tf.float32 for t in tf.nest.flatten(model.outputs))
 
 
-def _matches(model, name):
-    outputs = {id(layer) for layer in _output_layers(model)}
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer) or id(layer) in outputs:
-            continue
-        if layer.dtype_policy.name != name:
-            return False
-    return outputs_are_float32(model)
-
-
 def _clone(model, name, float32_outputs):
-    outputs = {id(layer) for layer in _output_layers(model)} if float32_outputs else set()
+    """A copy of a graph model with the same weights, its layers under `name`.
+
+    With `float32_outputs` the layers producing the outputs are float32; a
+    nested model is cloned the same way, all its layers under `name`.
+    """
+    outputs = {id(layer) for layer in _compat.output_layers(model)} if float32_outputs else set()
 
     def clone_layer(layer):
         if isinstance(layer, keras.Model):
@@ -164,15 +148,15 @@ def _clone(model, name, float32_outputs):
             return layer.__class__.from_config(config)
         except Exception as e:  # noqa: BLE001 (a user layer whose from_config rejects a dtype)
             raise ModelError(f"cannot rebuild layer {layer.name!r} ({type(layer).__name__}) under "
-                             f"{name} ({type(e).__name__}: {e}): set the policy before building "
-                             "the model instead") from None
+                             f"{name} ({first_line(e, with_type=True)}): set the policy before "
+                             "building the model instead") from None
 
     clone = keras.models.clone_model(model, clone_function=clone_layer)
     clone.set_weights(model.get_weights())
     return clone
 
 
-def apply_precision(model, name):
+def apply_precision(model, name, *, copy=False):
     """`model` computing under policy `name`, with float32 outputs.
 
     A model already built under `name` whose outputs are float32 (every zoo
@@ -180,10 +164,14 @@ def apply_precision(model, name):
     Functional or Sequential model (e.g. loaded from a file, or ending in
     `Dense(activation='softmax')`) is rebuilt with the same weights, its
     hidden layers under `name` and its output layers in float32.
+    `apply_precision(model, "float32")` is the float32 copy of a mixed
+    precision model (for quantization, export, size reports).
 
     Args:
       model: a built tf_keras model.
       name: a precision (see `PRECISIONS`).
+      copy: always return a new model (same weights), even when `model`
+        already computes under `name`: for trials that train a copy each.
 
     Returns:
       `model` or its rebuilt copy (not compiled).
@@ -192,12 +180,15 @@ def apply_precision(model, name):
       ConfigError: unknown precision.
       ModelError: a subclassed model whose layers (but the last, which must be
         float32) do not already compute under `name`: build it after
-        `set_precision` and end it in a layer with dtype='float32'.
+        `set_precision` and end it in a layer with dtype='float32'. With
+        `copy`, any subclassed model (it cannot be copied).
     """
     check_precision(name)
     ensure_tf_keras(model)
-    graph_model = isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)
-    if not graph_model:
+    if not _compat.is_graph_network(model):
+        if copy:
+            raise ModelError(f"model {model.name!r} is a subclassed model, which cannot be copied: "
+                             "give a Functional or Sequential model")
         *hidden, last = model.layers or [None]
         if last is not None and last.dtype_policy.name == "float32" and \
                 all(layer.dtype_policy.name == name for layer in hidden):
@@ -205,7 +196,11 @@ def apply_precision(model, name):
         raise ModelError(f"model {model.name!r} is a subclassed model that does not compute under "
                          f"{name} with float32 outputs: build it after set_precision({name!r}) "
                          "and end it in a layer with dtype='float32'")
-    return model if _matches(model, name) else _clone(model, name, float32_outputs=True)
+    outputs = {id(layer) for layer in _compat.output_layers(model)}
+    matches = outputs_are_float32(model) and all(
+        layer.dtype_policy.name == name for layer in model.layers
+        if not (isinstance(layer, keras.layers.InputLayer) or id(layer) in outputs))
+    return model if matches and not copy else _clone(model, name, float32_outputs=True)
 
 
 def layer_dtypes(model):
@@ -240,144 +235,3 @@ def scaled_gradients(tape, loss, variables, optimizer):
             scaled = optimizer.get_scaled_loss(loss)
         return optimizer.get_unscaled_gradients(tape.gradient(scaled, variables))
     return tape.gradient(loss, variables)
-
-
-@dataclasses.dataclass(frozen=True)
-class AutoChoice:
-    """What `auto_select` measured and kept."""
-
-    precision: str
-    jit_compile: bool
-    table: tuple
-    """One dict per candidate: precision, jit_compile, ms_per_step, examples_per_sec, speedup."""
-
-
-def choose_fastest(timings, baseline=BASELINE, min_speedup=1.0):
-    """The fastest setting of `timings`, never one slower than `baseline`.
-
-    Args:
-      timings: {(precision, jit_compile): seconds_per_step}; must include `baseline`.
-      baseline: the setting to beat (float32 without XLA unless the precision is fixed).
-      min_speedup: another setting wins only if it is at least this many times
-        faster than the baseline (1.0: any measured gain).
-
-    Returns:
-      The chosen (precision, jit_compile).
-    """
-    if baseline not in timings:
-        raise ConfigError(f"timings of {sorted(timings)} lack the baseline {baseline}")
-    best = min(timings, key=timings.get)
-    if timings[baseline] / timings[best] < min_speedup:
-        return baseline
-    return best
-
-
-def _default_compile(model, precision, jit_compile):
-    from tfaccel.train.training import compile_classifier
-
-    compile_classifier(model, wrap_optimizer(keras.optimizers.Adam(1e-3), precision),
-                       jit_compile=jit_compile)
-
-
-def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
-                compile_fn=None, warmup=2, steps=8, rounds=3, drop_slower_than=3.0,
-                min_speedup=MIN_SPEEDUP):
-    """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
-
-    First every precision is timed without XLA, then XLA on and off for the
-    fastest precision (a coordinate search: 4 settings instead of 6 for
-    `--precision=auto --jit_compile=auto`). Each setting trains its own copy of
-    `model` (same weights; `model` itself is untouched), compiled and warmed up
-    first; then the settings take turns for `rounds` rounds of `steps` steps,
-    so that other load on the machine hits them alike, and each keeps its best
-    round (the median step time of a round; contention only ever slows a
-    round down). A setting more than `drop_slower_than` times slower than the
-    best after a round cannot win and is not timed again. A round of a setting
-    is cut to the steps that fit in `drop_slower_than` times the fastest
-    setting's round (at least one; paced by the last step time known, the
-    warm-up's at first), so that a setting 100x slower (float16 on most CPUs)
-    costs a few steps, not a long round. The baseline is
-    float32 without XLA (or the one precision given, without XLA), and another
-    setting wins only if it measured at least `min_speedup` times faster (5%
-    by default: smaller gaps are within a short trial's noise, and XLA or half
-    precision bring costs of their own), so the choice is never slower than
-    the baseline as measured. The global policy is restored.
-
-    Example:
-
-        choice = auto_select(model, train_ds, batch_size=64)
-        print(choice.precision, choice.jit_compile)
-
-    Args:
-      model: a built Functional or Sequential tf_keras model.
-      dataset: the batched training dataset.
-      batch_size: its global batch size (for examples/s).
-      precisions: candidate precisions, e.g. `PRECISIONS` or ('mixed_float16',).
-      jit_options: candidate XLA settings, e.g. (False, True) or (False,).
-      compile_fn: `fn(model, precision, jit_compile)` compiling a copy as training
-        will (default: classifier loss, Adam, loss scaling for float16).
-      warmup: untimed steps of each setting (tracing, XLA compilation).
-      steps: timed steps per round.
-      rounds: timed rounds per setting.
-      drop_slower_than: see above.
-      min_speedup: see `choose_fastest`.
-
-    Returns:
-      An `AutoChoice` whose table lists every setting tried.
-    """
-    from tfaccel import monitor
-    from tfaccel.performance import memory
-
-    precisions = tuple(check_precision(p) for p in precisions)
-    jit_options = tuple(bool(j) for j in jit_options)
-    if not precisions or not jit_options:
-        raise ConfigError("auto_select needs at least one precision and one jit_compile option")
-    compile_fn = compile_fn or _default_compile
-    first_jit = False if False in jit_options else jit_options[0]
-    baseline = ("float32" if "float32" in precisions else precisions[0], first_jit)
-    copies, timings, measured_rounds, probes = {}, {}, {}, {}
-
-    def prepare(key):
-        with precision_scope(key[0]):
-            copies[key] = _clone(model, key[0], float32_outputs=True)
-            compile_fn(copies[key], *key)
-            probes[key] = monitor.time_training(copies[key], dataset, batch_size, warmup,
-                                                1)["seconds_per_step"]
-
-    def measure(keys):
-        active = list(keys)
-        for _ in range(rounds):
-            pace = {k: timings.get(k, probes[k]) for k in active}
-            budget = drop_slower_than * steps * min(pace.values())
-            for key in active:  # a far slower setting gets fewer steps (>= 1), not a long round
-                n = max(1, min(steps, int(budget / pace[key])))
-                seconds = monitor.time_training(copies[key], dataset, batch_size, 1,
-                                                n)["seconds_per_step"]
-                timings[key] = min(timings.get(key, float("inf")), seconds)
-                measured_rounds[key] = measured_rounds.get(key, 0) + 1
-                logging.info("auto trial %s jit_compile=%s: %.2f ms/step", *key, 1000 * seconds)
-            fastest = min(timings[k] for k in active)
-            active = [k for k in active if timings[k] <= drop_slower_than * fastest]
-
-    try:
-        stage1 = [(p, first_jit) for p in sorted(precisions, key=lambda p: p != baseline[0])]
-        for key in stage1:
-            prepare(key)
-        measure(stage1)
-        best_precision = choose_fastest(timings, baseline, min_speedup)[0]
-        for key in [k for k in stage1 if k[0] != best_precision and k != baseline]:
-            del copies[key]
-        stage2 = [(best_precision, jit) for jit in jit_options]
-        if len(stage2) > 1:
-            for key in stage2:
-                if key not in copies:
-                    prepare(key)
-            measure(stage2)
-    finally:
-        copies.clear()
-        memory.free_memory()
-    table = tuple({"precision": p, "jit_compile": j, "ms_per_step": 1000 * t,
-                   "examples_per_sec": batch_size / t, "speedup": timings[baseline] / t,
-                   "rounds": measured_rounds[(p, j)]} for (p, j), t in timings.items())
-    chosen = choose_fastest(timings, baseline, min_speedup)
-    return AutoChoice(precision=chosen[0], jit_compile=chosen[1], table=table)

@@ -17,6 +17,7 @@ import inspect
 import os
 import traceback
 
+from tfaccel import _compat
 from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
@@ -177,11 +178,12 @@ def model_from_fn(spec, input_shape, num_classes):
                              "PYTHONPATH=/path/to/folder (the current folder is not searched)"
                              ) from None
         raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r}: importing it "
-                         f"raised {_first_line(e)}: install what it needs") from None
+                         f"raised {first_line(e, with_type=True)}: install what it needs"
+                         ) from None
     except Exception as e:  # the user's module failed while importing
         raise ModelError(f"--model_fn={spec!r}: cannot import {module_name!r}: importing it "
-                         f"raised {_first_line(e)}{_where_in_module(e, module_name)}: fix that "
-                         "module") from None
+                         f"raised {first_line(e, with_type=True)}"
+                         f"{_where_in_module(e, module_name)}: fix that module") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"--model_fn={spec!r}: module {module_name!r} has no function {attr!r}")
@@ -199,17 +201,11 @@ def model_from_fn(spec, input_shape, num_classes):
     except Exception as e:  # the user's code: any exception, reported as theirs
         raise ModelError(f"--model_fn={spec!r}: your function {attr}(input_shape="
                          f"{kwargs['input_shape']}, num_classes={num_classes}) raised "
-                         f"{_first_line(e)}{_where(e, fn)}: fix that function (the error is "
-                         "in your code, not in tfaccel)") from None
+                         f"{first_line(e, with_type=True)}{_where(e, fn)}: fix that function "
+                         "(the error is in your code, not in tfaccel)") from None
     if not hasattr(model, "fit"):
         raise ModelError(f"--model_fn={spec!r} returned {type(model).__name__}, not a Keras model")
     return ensure_tf_keras(model, "model returned by --model_fn")
-
-
-def _first_line(error):
-    """'TypeName: first line' of an exception raised by the user's code."""
-    first = first_line(error)
-    return first if first == type(error).__name__ else f"{type(error).__name__}: {first}"
 
 
 def _where(error, fn):
@@ -227,11 +223,6 @@ def _where_in_module(error, module_name):
     return f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
 
 
-def is_graph_model(model):
-    """True for a functional or Sequential model (a graph of layers), False for a subclass."""
-    return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
-
-
 def check_model_fits(model, input_shape, num_classes):
     """Raises ModelError when `model`'s input or output does not fit the dataset.
 
@@ -239,7 +230,7 @@ def check_model_fits(model, input_shape, num_classes):
     zeros of the dataset's shape: a model that cannot take them fails here, in one line.
     """
     ensure_tf_keras(model)
-    if not is_graph_model(model):
+    if not _compat.is_graph_network(model):
         return _check_subclassed_fits(model, input_shape, num_classes)
     got_in = tuple(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
     if got_in is not None and any(a is not None and a != b for a, b in zip(got_in, input_shape)) \
@@ -261,7 +252,8 @@ def _check_subclassed_fits(model, input_shape, num_classes):
     except Exception as e:  # the user's call(): any exception
         raise ModelError(f"model {model.name!r} (a subclassed {type(model).__name__}) fails on "
                          f"a batch of inputs of the dataset's shape {tuple(input_shape)}: "
-                         f"{_first_line(e)}: pick a matching dataset or model") from None
+                         f"{first_line(e, with_type=True)}: pick a matching dataset or model"
+                         ) from None
     classes = out.shape[-1] if hasattr(out, "shape") and len(out.shape) else None
     if classes is not None and classes != num_classes:
         raise ModelError(f"model {model.name!r} outputs {classes} classes but the dataset has "

@@ -25,11 +25,9 @@ import shutil
 
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
-
-# BackupAndRestore reads and (on the chief) writes its checkpoints here, below `backup_dir`.
-_CHIEF_SUBDIR = "chief"
 
 
 def parse_backup_freq(value):
@@ -75,14 +73,14 @@ class ResumeReporter(keras.callbacks.Callback):
         self.finished = False
 
     def on_train_begin(self, logs=None):
-        state = getattr(self.model, "_training_state", None)
-        if state is None:
+        restored = _compat.restored_backup(self.model)
+        if restored is None:
             raise ConfigError("ResumeReporter must come after BackupAndRestore in the callbacks")
-        latest = state.read_checkpoint_manager.latest_checkpoint
+        latest = restored[0]
         if latest is None:
             self.printer(f"resume: no backup in {self.backup_dir}: starting from epoch 1")
             return
-        self.resumed_at = _restored_start(state, (self.params or {}).get("steps"))
+        self.resumed_at = _restored_start(restored, (self.params or {}).get("steps"))
         total = f"/{self.epochs}" if self.epochs else ""
         self.finished = bool(self.epochs) and self.resumed_at[0] > self.epochs
         if self.finished:
@@ -103,11 +101,12 @@ class ResumeReporter(keras.callbacks.Callback):
             pass
 
 
-def _restored_start(state, steps):
-    """(epoch from 1, step) where `fit` continues after BackupAndRestore restored `state`."""
-    # Private, but the very counters Keras restores and reads to pick the first epoch.
-    epoch = int(state._ckpt_saved_epoch.numpy())
-    batch = int(state._ckpt_saved_batch.numpy())
+def _restored_start(restored, steps):
+    """(epoch from 1, step) where `fit` continues after BackupAndRestore restored a backup.
+
+    `restored` is `_compat.restored_backup`'s (checkpoint, epoch, batch).
+    """
+    _, epoch, batch = restored
     # Keras's rule (worker_training_state.maybe_load_initial_counters_from_ckpt): an epoch
     # backup resumes at the next epoch, a step backup at the next step (the next epoch after
     # an epoch's last step).
@@ -141,10 +140,10 @@ class EpochCounter(keras.callbacks.Callback):
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
 
     def on_train_begin(self, logs=None):
-        state = getattr(self.model, "_training_state", None)
-        if state is not None and state.read_checkpoint_manager.latest_checkpoint is not None:
+        restored = _compat.restored_backup(self.model)
+        if restored is not None and restored[0] is not None:
             # The first epoch's iterator is made before on_epoch_begin: set it now.
-            self.epoch.assign(_restored_start(state, (self.params or {}).get("steps"))[0] - 1)
+            self.epoch.assign(_restored_start(restored, (self.params or {}).get("steps"))[0] - 1)
         else:
             self.epoch.assign(0)
 
@@ -179,13 +178,10 @@ def read_backup(backup_dir):
     Reads the checkpoint without a model, so that a program (or a test) can say
     where a rerun will continue before building anything.
     """
-    latest = tf.train.latest_checkpoint(os.path.join(os.fspath(backup_dir), _CHIEF_SUBDIR))
-    if latest is None:
+    found = _compat.latest_backup(backup_dir)
+    if found is None:
         return None
-    reader = tf.train.load_checkpoint(latest)
-    # The names tf_keras's WorkerTrainingState gives its counters (checked with tf_keras 2.21).
-    epoch = int(reader.get_tensor("ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
-    batch = int(reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE"))
+    latest, epoch, batch = found
     return Backup(latest, epoch + 1, batch + 1 if batch >= 0 else None)
 
 

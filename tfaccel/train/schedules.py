@@ -8,8 +8,9 @@ from ``warmup_start`` to the schedule's starting value, and the schedule itself
 then runs on ``step - warmup_steps`` (its lengths never include the warmup).
 
 `make_schedule` builds one from epoch-based settings (what the train recipe's
-``--lr_schedule``, ``--warmup_epochs``, ``--decay_epochs`` flags give) and
-`scale_learning_rate` applies the linear scaling rule for the global batch size.
+``--lr_schedule``, ``--warmup_epochs``, ``--decay_epochs`` flags give). The
+linear scaling rule for the global batch size is
+`tfaccel.distribute.batching.scale_learning_rate`.
 
 Example:
 
@@ -41,6 +42,9 @@ def _register(cls):
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """Base class: linear warmup, then `decay(step - warmup_steps)` of the subclass."""
 
+    config_keys = ()
+    """The subclass's own constructor arguments, kept as attributes of the same names."""
+
     def __init__(self, warmup_steps=0, warmup_start=0.0, name=None):
         super().__init__()
         if warmup_steps < 0:
@@ -65,12 +69,14 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"warmup_steps": self.warmup_steps, "warmup_start": self.warmup_start,
-                "name": self.name}
+                "name": self.name, **{key: getattr(self, key) for key in self.config_keys}}
 
 
 @_register
 class ConstantSchedule(WarmupSchedule):
     """``learning_rate`` at every step (after the optional warmup)."""
+
+    config_keys = ("learning_rate",)
 
     def __init__(self, learning_rate, **kwargs):
         super().__init__(**kwargs)
@@ -79,13 +85,12 @@ class ConstantSchedule(WarmupSchedule):
     def decay(self, step):
         return tf.fill(tf.shape(step), self.learning_rate)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate}
-
 
 @_register
 class StepSchedule(WarmupSchedule):
     """``learning_rate * decay_rate ** floor(step / step_size)``."""
+
+    config_keys = ("learning_rate", "step_size", "decay_rate")
 
     def __init__(self, learning_rate, step_size, decay_rate=0.1, **kwargs):
         super().__init__(**kwargs)
@@ -97,15 +102,13 @@ class StepSchedule(WarmupSchedule):
     def decay(self, step):
         return self.learning_rate * self.decay_rate ** tf.floor(step / self.step_size)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "step_size": self.step_size, "decay_rate": self.decay_rate}
-
 
 @_register
 class PiecewiseSchedule(WarmupSchedule):
     """``values[i]`` for ``boundaries[i-1] <= step < boundaries[i]``
     (len(values) = len(boundaries) + 1)."""
+
+    config_keys = ("boundaries", "values")
 
     def __init__(self, boundaries, values, **kwargs):
         super().__init__(**kwargs)
@@ -125,13 +128,12 @@ class PiecewiseSchedule(WarmupSchedule):
             index += tf.cast(step >= float(boundary), tf.int32)
         return tf.gather(tf.constant(self.values, tf.float32), index)
 
-    def get_config(self):
-        return {**super().get_config(), "boundaries": self.boundaries, "values": self.values}
-
 
 @_register
 class ExponentialSchedule(WarmupSchedule):
     """``learning_rate * decay_rate ** (step / decay_steps)`` (floored when ``staircase``)."""
+
+    config_keys = ("learning_rate", "decay_steps", "decay_rate", "staircase")
 
     def __init__(self, learning_rate, decay_steps, decay_rate=0.1, staircase=False, **kwargs):
         super().__init__(**kwargs)
@@ -144,15 +146,12 @@ class ExponentialSchedule(WarmupSchedule):
         p = step / self.decay_steps
         return self.learning_rate * self.decay_rate ** (tf.floor(p) if self.staircase else p)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "decay_steps": self.decay_steps, "decay_rate": self.decay_rate,
-                "staircase": self.staircase}
-
 
 @_register
 class PolynomialSchedule(WarmupSchedule):
     """``(lr - end) * (1 - min(step, decay_steps) / decay_steps) ** power + end``."""
+
+    config_keys = ("learning_rate", "decay_steps", "end_learning_rate", "power")
 
     def __init__(self, learning_rate, decay_steps, end_learning_rate=0.0, power=1.0, **kwargs):
         super().__init__(**kwargs)
@@ -166,16 +165,13 @@ class PolynomialSchedule(WarmupSchedule):
         return ((self.learning_rate - self.end_learning_rate) * frac ** self.power
                 + self.end_learning_rate)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "decay_steps": self.decay_steps, "end_learning_rate": self.end_learning_rate,
-                "power": self.power}
-
 
 @_register
 class CosineSchedule(WarmupSchedule):
     """``lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)``.
     """
+
+    config_keys = ("learning_rate", "decay_steps", "alpha")
 
     def __init__(self, learning_rate, decay_steps, alpha=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -189,15 +185,13 @@ class CosineSchedule(WarmupSchedule):
         cosine = 0.5 * (1.0 + tf.cos(math.pi * frac))
         return self.learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "decay_steps": self.decay_steps, "alpha": self.alpha}
-
 
 @_register
 class CosineRestartsSchedule(WarmupSchedule):
     """SGDR: cosine cycles, the i-th ``first_decay_steps * t_mul**i`` long and peaking at
     ``lr * m_mul**i``."""
+
+    config_keys = ("learning_rate", "first_decay_steps", "t_mul", "m_mul", "alpha")
 
     def __init__(self, learning_rate, first_decay_steps, t_mul=2.0, m_mul=1.0, alpha=0.0, **kwargs):
         super().__init__(**kwargs)
@@ -219,16 +213,14 @@ class CosineRestartsSchedule(WarmupSchedule):
         cosine = 0.5 * self.m_mul ** cycle * (1.0 + tf.cos(math.pi * frac))
         return self.learning_rate * ((1.0 - self.alpha) * cosine + self.alpha)
 
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "first_decay_steps": self.first_decay_steps, "t_mul": self.t_mul,
-                "m_mul": self.m_mul, "alpha": self.alpha}
-
 
 @_register
 class OneCycleSchedule(WarmupSchedule):
     """One-cycle: cosine from ``max_lr / div_factor`` up to ``max_lr`` over ``pct_start`` of
     ``total_steps``, then cosine down to ``max_lr / (div_factor * final_div_factor)``."""
+
+    config_keys = (
+        "max_learning_rate", "total_steps", "pct_start", "div_factor", "final_div_factor")
 
     def __init__(self, max_learning_rate, total_steps, pct_start=0.3, div_factor=25.0,
                  final_div_factor=1e4, **kwargs):
@@ -252,17 +244,14 @@ class OneCycleSchedule(WarmupSchedule):
         return tf.where(step < up, anneal(start, self.max_learning_rate, step / up),
                         anneal(self.max_learning_rate, end, (step - up) / down))
 
-    def get_config(self):
-        return {**super().get_config(), "max_learning_rate": self.max_learning_rate,
-                "total_steps": self.total_steps, "pct_start": self.pct_start,
-                "div_factor": self.div_factor, "final_div_factor": self.final_div_factor}
-
 
 @_register
 class EpochExponentialSchedule(WarmupSchedule):
     """The classic Keras rule: keep ``learning_rate`` for ``hold_epochs`` epochs, then multiply
     by ``exp(-rate)`` each epoch: ``lr * exp(-rate * max(0, epoch - hold_epochs + 1))`` with
     ``epoch = floor(step / steps_per_epoch)``."""
+
+    config_keys = ("learning_rate", "steps_per_epoch", "hold_epochs", "rate")
 
     def __init__(self, learning_rate, steps_per_epoch, hold_epochs=10, rate=0.1, **kwargs):
         super().__init__(**kwargs)
@@ -276,31 +265,6 @@ class EpochExponentialSchedule(WarmupSchedule):
         epoch = tf.floor(step / self.steps_per_epoch)
         return self.learning_rate * tf.exp(
             -self.rate * tf.maximum(0.0, epoch - self.hold_epochs + 1))
-
-    def get_config(self):
-        return {**super().get_config(), "learning_rate": self.learning_rate,
-                "steps_per_epoch": self.steps_per_epoch, "hold_epochs": self.hold_epochs,
-                "rate": self.rate}
-
-
-def scale_learning_rate(learning_rate, global_batch_size, base_batch_size=256):
-    """The linear scaling rule (Goyal et al. 2017): ``lr * global_batch_size / base_batch_size``.
-
-    Args:
-      learning_rate: the rate tuned for `base_batch_size`.
-      global_batch_size: the batch summed over all replicas.
-      base_batch_size: the batch size `learning_rate` was tuned for.
-
-    Returns:
-      The scaled learning rate (float).
-
-    Raises:
-      ConfigError: a batch size is not positive.
-    """
-    if global_batch_size <= 0 or base_batch_size <= 0:
-        raise ConfigError(f"batch sizes must be positive: global_batch_size={global_batch_size}, "
-                          f"base_batch_size={base_batch_size}")
-    return float(learning_rate) * global_batch_size / base_batch_size
 
 
 def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs=0.0,

@@ -1,5 +1,6 @@
-"""tfaccel.distribute: strategies from a name, cluster config, batch/LR arithmetic, shard policy,
-default-vs-mirrored equivalence, and the train recipe's bad-input errors.
+"""tfaccel.distribute.strategy: strategies from a name, cluster config, default-vs-mirrored
+equivalence, and the train recipe's bad-input errors (tests/test_batching.py has the batch
+arithmetic, the learning-rate rule and the shard policy).
 
 MirroredStrategy runs over the two logical CPU devices that conftest.py makes.
 """
@@ -47,7 +48,7 @@ def test_make_strategy_by_name(no_cluster, name, cls, replicas):
 @pytest.mark.parametrize("cross_device_ops", ["auto", "reduce_to_one", "hierarchical_copy"])
 def test_mirrored_reduction_is_choosable(cross_device_ops):
     strategy = distribute.make_strategy("mirrored", cross_device_ops=cross_device_ops)
-    # On CPU devices 'auto' reduces to one device (see distribute._cross_device_ops).
+    # On CPU devices 'auto' reduces to one device (see strategy._cross_device_ops).
     expected = {"auto": tf.distribute.ReductionToOneDevice,
                 "reduce_to_one": tf.distribute.ReductionToOneDevice,
                 "hierarchical_copy": tf.distribute.HierarchicalCopyAllReduce}[cross_device_ops]
@@ -116,34 +117,6 @@ def test_cluster_from_tf_config_and_from_slurm(no_cluster, monkeypatch):
     assert distribute.cluster_resolver_from_env({}) is None
 
 
-def test_batch_and_learning_rate_arithmetic():
-    assert distribute.per_replica_batch_size(64, 2) == 32
-    assert distribute.per_replica_batch_size(64, 1) == 64
-    with pytest.raises(ConfigError, match=r"batch_size=65 .* 2 replicas: use 64 or 66"):
-        distribute.per_replica_batch_size(65, 2)
-    with pytest.raises(ConfigError, match=r"batch_size=3 .* 4 replicas: use 4 or 8"):
-        distribute.per_replica_batch_size(3, 4)
-    assert distribute.scale_learning_rate(0.1, 4) == pytest.approx(0.4)
-    assert distribute.needs_drop_remainder(distribute.make_strategy("mirrored"))
-    assert not distribute.needs_drop_remainder(distribute.make_strategy("default"))
-
-
-def test_shard_policy_data_for_memory_file_for_readers(tmp_path):
-    policy = tf.data.experimental.AutoShardPolicy
-    in_memory = tf.data.Dataset.from_tensor_slices(np.zeros((8, 2), np.float32)).batch(4)
-    assert distribute.shard_policy(in_memory, in_memory=True) == policy.DATA
-    path = str(tmp_path / "a.tfrecord")
-    with tf.io.TFRecordWriter(path) as w:
-        w.write(b"x")
-    records = tf.data.TFRecordDataset([path]).map(tf.strings.length)
-    assert distribute.shard_policy(records, in_memory=False) == policy.FILE
-    # Files read with tf.io.read_file cannot be FILE-sharded by TensorFlow: DATA instead.
-    read = tf.data.Dataset.from_tensor_slices([path]).map(tf.io.read_file)
-    assert distribute.shard_policy(read, in_memory=False) == policy.DATA
-    options = distribute.with_shard_policy(records, in_memory=False).options()
-    assert options.experimental_distribute.auto_shard_policy == policy.FILE
-
-
 def test_split_cpu_checks_its_argument():
     with pytest.raises(ConfigError, match="cpu_devices=0 must be at least 1"):
         distribute.split_cpu(0)
@@ -151,11 +124,6 @@ def test_split_cpu_checks_its_argument():
     assert len(distribute.split_cpu(NUM_CPU_DEVICES)) == NUM_CPU_DEVICES
     with pytest.raises(ConfigError, match="already initialized 2"):
         distribute.split_cpu(3)
-
-
-def test_worker_output_dir_is_model_dir_on_the_chief(tmp_path):
-    assert distribute.worker_output_dir(str(tmp_path), distribute.make_strategy("mirrored")) \
-        == str(tmp_path)
 
 
 def _train(strategy, epochs=2):

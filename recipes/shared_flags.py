@@ -1,0 +1,213 @@
+"""The flags the recipes share, defined by group (each group is a section of --help).
+
+A recipe calls the `define_*` functions of the groups it reads, and only those: every
+flag a recipe accepts is one it acts on. The checks registered here run while the flags
+are parsed (recipes/flagkit.py), before TensorFlow loads. recipes/common.py re-exports
+these functions and turns the flags into tfaccel calls.
+"""
+
+from absl import flags
+from flagkit import (
+    DATA,
+    DISTRIBUTION,
+    FLAGS,
+    MODEL,
+    PERFORMANCE,
+    PIPELINE,
+    SCHEDULE,
+    TRAINING,
+    BatchSizeParser,
+    check_choice,
+    check_flag,
+    check_in,
+    recipe_path,
+    require_ints,
+)
+
+from tfaccel import choices
+from tfaccel.errors import ConfigError
+
+# A ParameterServerStrategy needs ps and coordinator tasks that no recipe runs.
+RECIPE_STRATEGIES = tuple(s for s in choices.STRATEGIES if s != "parameter_server")
+
+def define_data_flags():
+    """--dataset, --data_dir and the shape of synthetic or image-folder data."""
+    flags.DEFINE_enum("dataset", "digits", choices.DATASETS, "Where examples come from.",
+                      module_name=DATA)
+    flags.DEFINE_string("data_dir", None, "Folder (image_dir) or .npz file (npz).",
+                        module_name=DATA)
+    flags.DEFINE_list("image_size", ["64", "64"], "height,width images from a folder are "
+                      "resized to.", module_name=DATA)
+    require_ints("image_size", "height,width: two positive integers", count=2)
+    flags.DEFINE_list("synthetic_shape", ["8", "8", "1"], "Shape of one synthetic example.",
+                      module_name=DATA)
+    require_ints("synthetic_shape", "comma-separated positive sizes")
+    flags.DEFINE_integer("synthetic_classes", 10, "Classes of synthetic data.", lower_bound=2,
+                         module_name=DATA)
+    flags.DEFINE_integer("synthetic_examples", 1024, "Training examples of synthetic data.",
+                         lower_bound=1, module_name=DATA)
+    flags.DEFINE_enum("on_bad_example", "fail", choices.ON_BAD_EXAMPLE, "A corrupt or non-image "
+                      "file (image_dir) or a bad TFRecord: 'fail' stops with its name, 'skip' "
+                      "leaves it out and names it.", module_name=DATA)
+    flags.DEFINE_string("tfrecord_features", "image=bytes,label=int64", "Feature spec of "
+                        "--dataset=tfrecord records: name=bytes|int64|float[shape],...",
+                        module_name=DATA)
+    flags.DEFINE_string("tfds_name", None, "TFDS dataset name (name or name:version) for "
+                        "--dataset=tfds; its data must already be on disk.", module_name=DATA)
+
+
+def define_model_flags(default="cnn"):
+    """--model (zoo name or saved model path) and --model_fn."""
+    flags.DEFINE_string("model", default, f"One of {', '.join(choices.MODELS)}, or a .keras/.h5 "
+                        "file or SavedModel directory.", module_name=MODEL)
+    flags.DEFINE_string("model_fn", None, "package.module:function(input_shape, num_classes) "
+                        "returning a functional or Sequential tf_keras model; overrides --model. "
+                        "The module must be importable: put its folder on PYTHONPATH (the "
+                        "current folder is not searched).",
+                        module_name=MODEL)
+
+
+def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_size=False):
+    """--epochs (unless `epochs` is None), --batch_size (may be 'auto' if `auto_batch_size`),
+    --optimizer, --learning_rate, --model_dir, --seed."""
+    if epochs is not None:
+        flags.DEFINE_integer("epochs", epochs, "Training epochs.", lower_bound=1,
+                             module_name=TRAINING)
+    flags.DEFINE(BatchSizeParser(auto_batch_size), "batch_size", batch_size,
+                 "Global batch size (over all replicas)" + (
+                     "; 'auto' trains a few steps at growing sizes and keeps the best measured "
+                     "throughput that fits in memory." if auto_batch_size else "."),
+                 serializer=flags.ArgumentSerializer(), module_name=TRAINING)
+    flags.DEFINE_enum("optimizer", "adam", choices.OPTIMIZERS, "Optimizer.",
+                      module_name=TRAINING)
+    flags.DEFINE_float("learning_rate", learning_rate, "Peak learning rate (> 0).",
+                       module_name=TRAINING)
+    flags.DEFINE_string("model_dir", None, "Where logs, checkpoints, exports and reports go "
+                        "(default: runs/<dataset>-<model>).", module_name=TRAINING)
+    flags.DEFINE_integer("seed", 0, "Seed of initialization, shuffling and synthetic data.",
+                         module_name=TRAINING)
+
+
+def check_strategy(value):
+    """--strategy: a recipe's choice (not parameter_server, which no recipe drives)."""
+    if value == "parameter_server":
+        raise ConfigError(f"--strategy=parameter_server needs parameter-server and coordinator "
+                          f"tasks that {recipe_path()} does not run: use --strategy=multi_worker, "
+                          "or tfaccel.distribute.make_strategy in your own code")
+    check_in(value, "strategy", RECIPE_STRATEGIES)
+
+
+def define_distribute_flags():
+    """--strategy, --cpu_devices, --scale_lr, --cross_device_ops, --collective."""
+    flags.DEFINE_string("strategy", "auto", f"Distribution strategy: "
+                        f"{', '.join(RECIPE_STRATEGIES)}. auto = multi_worker under TF_CONFIG/"
+                        "Slurm, mirrored with several GPUs (or --cpu_devices>1), else default.",
+                        module_name=DISTRIBUTION)
+    check_flag("strategy", check_strategy)
+    flags.DEFINE_integer("cpu_devices", None, "Split the CPU into N logical devices (stand-ins "
+                         "for GPUs, so that mirrored training runs without them).",
+                         module_name=DISTRIBUTION)
+    flags.DEFINE_bool("scale_lr", False, "Multiply every learning rate by the number of replicas "
+                      "(linear scaling rule).", module_name=DISTRIBUTION)
+    flags.DEFINE_string("cross_device_ops", "auto", f"Reduction of --strategy=mirrored: "
+                        f"{', '.join(choices.CROSS_DEVICE_OPS)}.", module_name=DISTRIBUTION)
+    check_choice("cross_device_ops", "cross-device ops", choices.CROSS_DEVICE_OPS)
+    flags.DEFINE_string("collective", "auto", f"All-reduce of --strategy=multi_worker: "
+                        f"{', '.join(choices.COLLECTIVES)}.", module_name=DISTRIBUTION)
+    check_choice("collective", "collective", choices.COLLECTIVES)
+
+
+def define_backup_flags():
+    """--backup_dir, --backup_freq: for recipes that resume from a backup after a crash."""
+    flags.DEFINE_string("backup_dir", None, "Where BackupAndRestore keeps the state to resume "
+                        "from after a crash (default: <model_dir>/backup; the same for all "
+                        "workers).", module_name=DISTRIBUTION)
+    flags.DEFINE_string("backup_freq", "epoch", "Back up every 'epoch' or every N steps.",
+                        module_name=DISTRIBUTION)
+
+
+def _check_ram_budget(value):
+    if value and not FLAGS.data_autotune:
+        raise ConfigError(f"--data_ram_budget_mb={value:g} is tf.data autotune's RAM budget: add "
+                          "--data_autotune, or drop it")
+
+
+def define_pipeline_flags():
+    """--cache, --shuffle_buffer, --random_flip, --standardize, --deterministic, --data_autotune,
+    --data_ram_budget_mb (tfaccel.data)."""
+    flags.DEFINE_string("cache", "auto", "Cache decoded examples: auto (in memory when they fit "
+                        "2 GB), memory, none, or a file path prefix in an existing folder.",
+                        module_name=PIPELINE)
+    flags.DEFINE_integer("shuffle_buffer", 0, "Shuffle buffer in examples (0: sized to 256 MB "
+                         "and at most the dataset).", lower_bound=0, module_name=PIPELINE)
+    flags.DEFINE_bool("random_flip", False, "Random left-right flips in training.",
+                      module_name=PIPELINE)
+    flags.DEFINE_bool("standardize", False, "Per-image standardization (zero mean, unit "
+                      "variance).", module_name=PIPELINE)
+    flags.DEFINE_bool("deterministic", False, "Keep element order through parallel input stages "
+                      "(slower), so that a rerun sees the same batches.", module_name=PIPELINE)
+    flags.DEFINE_bool("data_autotune", False, "Run tf.data's autotune thread (off: each AUTOTUNE "
+                      "stage runs min(16, cores) calls, and epochs end without its teardown "
+                      "stall).", module_name=PIPELINE)
+    flags.DEFINE_float("data_ram_budget_mb", 0.0, "tf.data autotune's RAM budget in MB (0: TF's "
+                       "default); needs --data_autotune.", lower_bound=0.0, module_name=PIPELINE)
+    check_flag("data_ram_budget_mb", _check_ram_budget)
+
+
+def define_schedule_flags():
+    """--lr_schedule, --warmup_epochs, --decay_epochs, --decay_rate, --min_lr_ratio, piecewise."""
+    flags.DEFINE_string("lr_schedule", "constant", "Learning-rate schedule: "
+                        f"{', '.join(choices.SCHEDULES)}.", module_name=SCHEDULE)
+    check_choice("lr_schedule", "learning-rate schedule", choices.SCHEDULES)
+    flags.DEFINE_float("warmup_epochs", 0.0, "Linear warmup from 0 to --learning_rate (epochs).",
+                       module_name=SCHEDULE)
+    flags.DEFINE_float("decay_epochs", None, "step: epochs between decays; exponential, "
+                       "polynomial, cosine: decay length; cosine_restarts: first cycle; "
+                       "epoch_exponential: epochs kept before decaying (default 10). Default: "
+                       "derived from --epochs.", module_name=SCHEDULE)
+    flags.DEFINE_float("decay_rate", 0.1, "step/exponential: factor per decay; epoch_exponential: "
+                       "rate r of the per-epoch factor exp(-r).", module_name=SCHEDULE)
+    flags.DEFINE_float("min_lr_ratio", 0.0, "cosine, cosine_restarts, polynomial: final learning "
+                       "rate as a fraction of --learning_rate.", module_name=SCHEDULE)
+    flags.DEFINE_list("lr_boundaries", [], "piecewise: epochs (after warmup) where the rate "
+                      "changes.", module_name=SCHEDULE)
+    flags.DEFINE_list("lr_multipliers", [], "piecewise: --learning_rate multipliers, one more "
+                      "than --lr_boundaries.", module_name=SCHEDULE)
+
+
+def define_host_allocator_flag():
+    """--host_allocator (tfaccel.performance.memory.use_pooled_host_allocator)."""
+    flags.DEFINE_enum("host_allocator", "pooled", choices.HOST_ALLOCATORS, "Host (CPU) tensors "
+                      "from TensorFlow's pooled BFC allocator (faster parallel input pipelines; "
+                      "keeps its peak) or from malloc (TensorFlow's default).",
+                      module_name=PERFORMANCE)
+
+
+def define_performance_flags():
+    """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
+    flags.DEFINE_string("precision", "float32", f"{', '.join(choices.PRECISIONS)}, or auto: "
+                        "time each on the actual model and data and keep the fastest (never "
+                        "slower than float32).", module_name=PERFORMANCE)
+    check_choice("precision", "precision", (*choices.PRECISIONS, "auto"))
+    flags.DEFINE_string("jit_compile", "false", f"XLA: {', '.join(choices.JIT_CHOICES)} (auto: "
+                        "measured like --precision=auto).", module_name=PERFORMANCE)
+    check_choice("jit_compile", "jit_compile", choices.JIT_CHOICES, lower=True)
+    flags.DEFINE_integer("grad_accum_steps", 1, "Split each --batch_size batch into N "
+                         "micro-batches and accumulate their gradients into one update (memory "
+                         "of batch/N).", module_name=PERFORMANCE)
+    flags.DEFINE_bool("memory_growth", False, "Allocate GPU memory on demand instead of all up "
+                      "front.", module_name=PERFORMANCE)
+    flags.DEFINE_integer("gpu_memory_limit", None, "Cap each GPU at this many MB.",
+                         module_name=PERFORMANCE)
+    flags.DEFINE_string("gpu_allocator", "default", "GPU allocator: "
+                        f"{', '.join(choices.ALLOCATORS)} (cuda_malloc_async: CUDA's "
+                        "stream-ordered memory pool).", module_name=PERFORMANCE)
+    check_choice("gpu_allocator", "GPU allocator", choices.ALLOCATORS)
+    define_host_allocator_flag()
+    flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.",
+                         module_name=PERFORMANCE)
+    flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes whose "
+                       "peak RSS exceeds this (default: current RSS + half the available "
+                       "memory).", module_name=PERFORMANCE)
+    flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
+                         "memory every N steps to TensorBoard; 0: off.", module_name=PERFORMANCE)

@@ -1,0 +1,260 @@
+"""The package's shape: public names kept, no import cycles, small modules, private internals in
+one place (tfaccel/_compat.py). See docs/architecture.md."""
+
+import ast
+import importlib
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import tfaccel
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tfaccel"
+MAX_LINES = 350
+
+# Every public name of `tfaccel` before the regrouping (0.1.0 as of dc8e22f): they must resolve.
+NAMES_BEFORE = [
+    "ConfigError", "ConstantSchedule", "CosineRestartsSchedule", "CosineSchedule", "DATASETS",
+    "DataError", "DatasetInfo", "EpochCounter", "EpochExponentialSchedule", "ExponentialSchedule",
+    "HardwareMonitor", "InputDiagnosis", "LearningRateLogger", "MODELS", "ModelError",
+    "OneCycleSchedule", "PRECISIONS", "PeakMemoryLogger", "PiecewiseSchedule", "PipelineConfig",
+    "PolynomialSchedule", "PruneConfig", "PruningPlan", "ResumeReporter", "SCHEDULES",
+    "STRATEGIES", "SparsityLogger", "Splits", "StepSchedule", "StopOnNonFiniteLoss",
+    "TensorBoard", "TfaccelError", "ThroughputLogger", "TrainingError", "UnsupportedLayerError",
+    "WrongKerasError", "apply_precision", "auto_select", "backup_callbacks", "batch_dataset",
+    "build_model", "build_pipeline", "build_splits", "check_m_by_n", "check_qat_ready",
+    "check_quantize_aware", "choose_fastest", "compare_latency", "comparison_rows",
+    "compile_classifier", "configure_gpu_memory", "convert_to_tflite", "diagnose_input",
+    "enable_gradient_accumulation", "ensure_tf_keras", "evaluate", "evaluate_tflite",
+    "export_model", "find_batch_size", "flatten_model", "free_memory", "from_arrays",
+    "host_allocator", "is_keras3_object", "keras", "layer_dtypes", "load_dataset", "load_digits",
+    "load_image_dir", "load_model_file", "load_npz", "load_pruned_model", "load_synthetic",
+    "load_tfds", "load_tfrecord", "make_optimizer", "make_pruning_schedule", "make_schedule",
+    "make_strategy", "measure_latency", "model_sizes", "per_replica_batch_size", "plan_pruning",
+    "pooled_host_allocator_active", "precision_advice", "precision_scope", "prediction_agreement",
+    "prune_to_sparsity", "quantize_aware", "read_backup", "read_finished_run", "read_image_tags",
+    "read_scalars", "read_text", "remove_backup", "resolve_model", "scale_learning_rate",
+    "scaled_gradients", "search_batch_size", "set_precision", "sparsity_report", "split_cpu",
+    "steps_per_epoch", "strip_pruning", "tensorboard_command", "tflite_sizes", "time_training",
+    "unsupported_layers", "use_pooled_host_allocator", "weight_sparsity", "with_shard_policy",
+    "worker_output_dir", "wrap_optimizer", "write_image_tfrecords", "write_report",
+]
+# Its submodules, by their old flat names.
+MODULES_BEFORE = [
+    "accumulate", "batch_size", "choices", "data", "diagnose", "distribute", "doctor", "errors",
+    "io", "keras", "launch", "memory", "models", "monitor", "precision", "prune", "quantize",
+    "quiet", "report", "resume", "schedules", "sparsity", "summaries", "tflite", "training",
+]
+
+
+def _modules():
+    """{dotted name: path} of every module in tfaccel/."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def test_every_public_name_of_before_still_resolves():
+    missing = [name for name in NAMES_BEFORE if not hasattr(tfaccel, name)]
+    assert not missing
+    assert set(NAMES_BEFORE) <= set(tfaccel.__all__)
+    assert set(NAMES_BEFORE) | set(MODULES_BEFORE) <= set(dir(tfaccel))
+
+
+@pytest.mark.parametrize("old", MODULES_BEFORE)
+def test_old_module_names_are_the_new_modules(old):
+    module = importlib.import_module(f"tfaccel.{old}")
+    assert module.__name__.startswith("tfaccel.")
+    assert module.__name__ in MODULES  # the real module, not a copy under the old name
+    assert getattr(tfaccel, old) is module or old == "keras"  # tfaccel.keras is tf_keras itself
+
+
+def test_every_export_lives_where_the_table_says():
+    for module_name, names in tfaccel._EXPORTS.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            value = getattr(module, name)
+            home = getattr(value, "__module__", module_name)
+            # Defined there (or in the package's own modules), or a constant / the Keras module.
+            assert home == module_name or home.startswith(f"{module_name}.") or \
+                not callable(value) or name == "keras", (
+                f"tfaccel.{name} is exported from {module_name} but defined in {home}")
+
+
+def test_launcher_old_module_path_runs():
+    result = subprocess.run([sys.executable, "-m", "tfaccel.launch", "--help"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert "--workers" in result.stdout
+
+
+def _imports(module_name, path):
+    """The tfaccel modules `module_name` imports, at module level and inside functions."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module_name if path.name == "__init__.py" else module_name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                targets.add(submodule if submodule in MODULES else base)
+    return {t for t in targets if t in MODULES and t != module_name}
+
+
+def _cycles(graph):
+    """Every cycle of `graph` as a list of module names (Tarjan's strongly connected components)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return out
+
+
+def test_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_inside_tfaccel():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize("path", sorted([*PACKAGE.rglob("*.py"), *(ROOT / "recipes").glob("*.py")]),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_module_is_small_enough_to_read_in_one_sitting(path):
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+FOREIGN_PRIVATE_MODULES = ("tensorflow.python", "tensorflow.lite.python", "tf_keras.src",
+                           "keras.src", "tensorflow_model_optimization.python")
+OUR_NAMES = {"self", "cls"}
+
+
+def private_touchpoints(source, filename="<source>"):
+    """(line, what) for each reach into a private part of another library in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names])
+            for name in names:
+                if name.startswith(FOREIGN_PRIVATE_MODULES):
+                    found.append((node.lineno, f"import {name}"))
+        elif isinstance(node, ast.Attribute):
+            text = ast.unparse(node)
+            if any(f".{part}." in f".{text}." for part in ("src", "python")) and \
+                    text.split(".")[0] in ("keras", "tf", "tensorflow", "tf_keras", "tfmot"):
+                found.append((node.lineno, text))
+            elif node.attr.startswith("_") and not node.attr.startswith("__") and not (
+                    isinstance(node.value, ast.Name) and node.value.id in OUR_NAMES):
+                found.append((node.lineno, text))
+            elif text.startswith(("tf.compat.v1", "tensorflow.compat.v1")):
+                found.append((node.lineno, text))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+                "getattr", "hasattr", "setattr"):
+            if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and \
+                    str(node.args[1].value).startswith("_"):
+                found.append((node.lineno, ast.unparse(node)))
+    by_line = {}  # one finding per line: the longest expression (a.b._c, not also a.b)
+    for line, what in found:
+        if len(what) > len(by_line.get(line, "")):
+            by_line[line] = what
+    return sorted(by_line.items())
+
+
+def test_private_touchpoint_finder_sees_each_kind():
+    source = ("from tensorflow.python.distribute import x\n"
+              "import tensorflow_model_optimization.python.core as c\n"
+              "n = strategy.extended._num_workers\n"
+              "s = getattr(model, '_is_graph_network', False)\n"
+              "k = keras.src.saving.serialization_lib\n"
+              "g = tf.compat.v1.Session\n"
+              "ok = self._writer\n")
+    found = [what for _, what in private_touchpoints(source)]
+    assert len(found) == 6, found
+    assert "self._writer" not in found
+
+
+def _our_modules_with_private_touchpoints():
+    paths = [*PACKAGE.rglob("*.py"), *(ROOT / "recipes").glob("*.py")]
+    return {str(p.relative_to(ROOT)): private_touchpoints(p.read_text(), str(p))
+            for p in paths if p.name != "_compat.py"}
+
+
+def test_private_internals_only_in_compat():
+    offenders = {path: found for path, found in _our_modules_with_private_touchpoints().items()
+                 if found}
+    assert offenders == {}
+
+
+def test_no_class_outside_compat_overrides_a_private_method_of_another_library():
+    overrides = []
+    for name in MODULES:
+        if name.endswith("_compat") or name.endswith("__main__"):
+            continue
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if not isinstance(cls, type) or cls.__module__ != name:
+                continue
+            foreign = [base for base in cls.__mro__[1:]
+                       if not base.__module__.startswith("tfaccel") and base is not object]
+            for attr in vars(cls):
+                if attr.startswith("_") and not attr.startswith("__") and \
+                        attr != "_abc_impl" and any(attr in vars(base) for base in foreign):
+                    overrides.append(f"{name}.{cls.__name__}.{attr}")
+    assert overrides == []
+
+
+def test_no_callback_outside_compat_sets_a_private_attribute_of_keras_callbacks():
+    from tfaccel.keras import keras
+
+    private = {name for name in vars(keras.callbacks.Callback()) if name.startswith("_")}
+    assert "_supports_tf_logs" in private  # what the check looks for exists
+    found = []
+    for path in [*PACKAGE.rglob("*.py"), *(ROOT / "recipes").glob("*.py")]:
+        if path.name == "_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in private:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
