@@ -38,8 +38,13 @@ def test_linear_scaling_rule_has_one_home():
         with pytest.raises(ConfigError, match="batch sizes must be positive"):
             batching.scale_learning_rate(0.1, **bad)
     assert tfaccel.scale_learning_rate is batching.scale_learning_rate
-    assert distribute.scale_learning_rate is batching.scale_learning_rate
     assert not hasattr(schedules, "scale_learning_rate")
+
+
+def test_distributes_old_scale_learning_rate_keeps_its_meaning_and_warns():
+    # 0.1.0's tfaccel.distribute.scale_learning_rate(lr, num_replicas) was lr x replicas.
+    with pytest.warns(DeprecationWarning, match="base_batch_size=1"):
+        assert distribute.scale_learning_rate(0.1, 4) == pytest.approx(0.4)
 
 
 def _datasets(tmp_path):
@@ -95,3 +100,19 @@ def _not_deterministic():
 def test_worker_output_dir_is_model_dir_on_the_chief(tmp_path):
     assert batching.worker_output_dir(str(tmp_path), distribute.make_strategy("mirrored")) \
         == str(tmp_path)
+
+
+def test_a_policy_forced_by_the_pipeline_is_kept(tmp_path):
+    from tfaccel.data import PipelineConfig, build_pipeline
+
+    in_memory, _, _ = _datasets(tmp_path)
+    unbatched = in_memory.unbatch().map(lambda x: (x, tf.constant(0)))
+    forced = build_pipeline(unbatched, PipelineConfig(batch_size=4, shard_policy="off"),
+                            training=False)
+    kept = batching.with_shard_policy(forced, in_memory=True, num_workers=2)
+    policy = kept.options().experimental_distribute.auto_shard_policy
+    assert policy == tf.data.experimental.AutoShardPolicy.OFF
+    # Without a forced policy the rule decides (DATA for in-memory data).
+    auto = build_pipeline(unbatched, PipelineConfig(batch_size=4), training=False)
+    assert batching.with_shard_policy(auto, True, 2).options().experimental_distribute \
+        .auto_shard_policy == tf.data.experimental.AutoShardPolicy.DATA

@@ -1,9 +1,10 @@
 """The package's shape: public names kept, no import cycles, small modules, private internals in
-one place (tfaccel/_compat.py). See docs/architecture.md."""
+one place (tfaccel/_compat/). See docs/architecture.md."""
 
 import ast
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -91,6 +92,23 @@ def test_every_export_lives_where_the_table_says():
                 f"tfaccel.{name} is exported from {module_name} but defined in {home}")
 
 
+def test_every_module_is_an_attribute_path_from_a_fresh_import():
+    # `tfaccel.compress.tflite_eval.x` must work before anything imported that module.
+    paths = sorted(name for name in MODULES
+                   if not any(part.startswith("_") for part in name.split(".")))
+    code = ("import tfaccel\n"
+            f"for path in {paths!r}:\n"
+            "    obj = tfaccel\n"
+            "    for part in path.split('.')[1:]:\n"
+            "        obj = getattr(obj, part)\n"
+            "    assert obj.__name__ == path, (path, obj)\n"
+            "print(len(" + repr(paths) + "))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == str(len(paths))
+
+
 def test_launcher_old_module_path_runs():
     result = subprocess.run([sys.executable, "-m", "tfaccel.launch", "--help"],
                             capture_output=True, text=True, timeout=60)
@@ -114,7 +132,13 @@ def _imports(module_name, path):
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 targets.add(submodule if submodule in MODULES else base)
-    return {t for t in targets if t in MODULES and t != module_name}
+    # Importing a.b.c first runs a/__init__ and a/b/__init__ (except the importer's own
+    # packages, which are already running when it is imported).
+    own = {".".join(module_name.split(".")[:i]) for i in range(1, module_name.count(".") + 1)}
+    for target in list(targets):
+        parts = target.split(".")
+        targets.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return {t for t in targets if t in MODULES and t != module_name and t not in own}
 
 
 def _cycles(graph):
@@ -167,23 +191,34 @@ def test_module_is_small_enough_to_read_in_one_sitting(path):
 
 FOREIGN_PRIVATE_MODULES = ("tensorflow.python", "tensorflow.lite.python", "tf_keras.src",
                            "keras.src", "tensorflow_model_optimization.python")
+FOREIGN_PACKAGES = ("tensorflow", "tf_keras", "keras", "tensorflow_model_optimization", "tflite",
+                    "ai_edge_litert")
 OUR_NAMES = {"self", "cls"}
+PRIVATE_CLASS_NAME = re.compile(r"^_[A-Z]\w+$")
 
 
 def private_touchpoints(source, filename="<source>"):
     """(line, what) for each reach into a private part of another library in `source`."""
     found = []
-    for node in ast.walk(ast.parse(source, filename)):
+    tree = ast.parse(source, filename)
+    module_name_checks = {node.lineno for node in ast.walk(tree)
+                          if isinstance(node, ast.Attribute) and node.attr == "__module__"}
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names])
+            names = ([node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
             for name in names:
                 if name.startswith(FOREIGN_PRIVATE_MODULES):
                     found.append((node.lineno, f"import {name}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # A module path or a private class name compared as a string.
+            value = node.value
+            if value.startswith(FOREIGN_PRIVATE_MODULES) or PRIVATE_CLASS_NAME.match(value) or (
+                    value.startswith(FOREIGN_PACKAGES) and node.lineno in module_name_checks):
+                found.append((node.lineno, repr(value)))
         elif isinstance(node, ast.Attribute):
             text = ast.unparse(node)
-            if any(f".{part}." in f".{text}." for part in ("src", "python")) and \
-                    text.split(".")[0] in ("keras", "tf", "tensorflow", "tf_keras", "tfmot"):
+            if node.attr in ("src", "python", "__internal__"):
                 found.append((node.lineno, text))
             elif node.attr.startswith("_") and not node.attr.startswith("__") and not (
                     isinstance(node.value, ast.Name) and node.value.id in OUR_NAMES):
@@ -193,7 +228,7 @@ def private_touchpoints(source, filename="<source>"):
         elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
                 "getattr", "hasattr", "setattr"):
             if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and \
-                    str(node.args[1].value).startswith("_"):
+                    str(node.args[1].value).startswith(("_", "src", "python")):
                 found.append((node.lineno, ast.unparse(node)))
     by_line = {}  # one finding per line: the longest expression (a.b._c, not also a.b)
     for line, what in found:
@@ -209,16 +244,23 @@ def test_private_touchpoint_finder_sees_each_kind():
               "s = getattr(model, '_is_graph_network', False)\n"
               "k = keras.src.saving.serialization_lib\n"
               "g = tf.compat.v1.Session\n"
-              "ok = self._writer\n")
-    found = [what for _, what in private_touchpoints(source)]
-    assert len(found) == 6, found
+              "from tf_keras import src\n"
+              "q = type(layer).__module__.startswith('tensorflow_model_optimization')\n"
+              "d = names.get('_DefaultDistributionStrategy')\n"
+              "i = importlib.import_module('tf_keras.src.engine')\n"
+              "m = K.src.engine\n"
+              "h = getattr(keras, 'src')\n"
+              "ok = self._writer\n"
+              "fine = {'tensorflow': 1}\n")
+    found = dict(private_touchpoints(source))
+    assert sorted(found) == list(range(1, 13)), found
     assert "self._writer" not in found
 
 
 def _our_modules_with_private_touchpoints():
     paths = [*PACKAGE.rglob("*.py"), *(ROOT / "recipes").glob("*.py")]
     return {str(p.relative_to(ROOT)): private_touchpoints(p.read_text(), str(p))
-            for p in paths if p.name != "_compat.py"}
+            for p in paths if "_compat" not in p.parts}
 
 
 def test_private_internals_only_in_compat():
@@ -230,7 +272,7 @@ def test_private_internals_only_in_compat():
 def test_no_class_outside_compat_overrides_a_private_method_of_another_library():
     overrides = []
     for name in MODULES:
-        if name.endswith("_compat") or name.endswith("__main__"):
+        if name.startswith("tfaccel._compat") or name.endswith("__main__"):
             continue
         module = importlib.import_module(name)
         for cls in vars(module).values():
@@ -252,7 +294,7 @@ def test_no_callback_outside_compat_sets_a_private_attribute_of_keras_callbacks(
     assert "_supports_tf_logs" in private  # what the check looks for exists
     found = []
     for path in [*PACKAGE.rglob("*.py"), *(ROOT / "recipes").glob("*.py")]:
-        if path.name == "_compat.py":
+        if "_compat" in path.parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in private:

@@ -1,9 +1,10 @@
 """The modules' old flat names (`tfaccel.precision`, ...) kept as aliases of their new homes.
 
-tfaccel grouped its modules by area (see docs/architecture.md); code written
-against the flat layout keeps working: ``import tfaccel.precision``, ``from
-tfaccel.prune import PruneConfig`` and ``python -m tfaccel.launch`` all reach
-the one module in its new place (the same module object, not a copy).
+tfaccel grouped its modules by area (see docs/architecture.md); the flat module
+names still work: ``import tfaccel.precision``, ``from tfaccel.prune import
+PruneConfig`` and ``python -m tfaccel.launch`` all reach the one module in its
+new place (the same module object, not a copy). Names that moved between
+modules are listed in docs/architecture.md.
 """
 
 import importlib
@@ -49,6 +50,22 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         if fullname not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, _AliasLoader(MOVED[fullname]))
+
+
+def submodule(package, name):
+    """`package.name` when it is a submodule of `package` (imported now), else None.
+
+    An area package's `__getattr__` calls it, so that `tfaccel.compress.tflite_eval`
+    works as an attribute even before anything imported that module.
+    """
+    if name.startswith("_"):
+        return None
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"{package}.{name}":
+            raise  # the submodule exists but needs something missing
+        return None
 
 
 def install():

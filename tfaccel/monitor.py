@@ -23,7 +23,7 @@ import tensorflow as tf
 from absl import logging
 
 from tfaccel import _compat, plots, summaries
-from tfaccel.errors import ConfigError
+from tfaccel.errors import ConfigError, first_line
 from tfaccel.io import write_bytes
 from tfaccel.keras import keras
 
@@ -90,9 +90,9 @@ def default_sampler(gpus=None):
         try:
             return NvmlSampler()
         except Exception as e:  # noqa: BLE001 (ImportError, or NVMLError without a driver)
-            logging.warning("%d GPU(s) visible but NVML is unavailable (%s: %s): monitoring the "
+            logging.warning("%d GPU(s) visible but NVML is unavailable (%s): monitoring the "
                             "CPU instead; install nvidia-ml-py for GPU utilization",
-                            len(gpus), type(e).__name__, e)
+                            len(gpus), first_line(e, with_type=True))
     return CpuSampler()
 
 

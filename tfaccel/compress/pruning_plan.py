@@ -35,7 +35,7 @@ from tfaccel.compress.pruning_layers import (
     tfmot,
     walk_layers,
 )
-from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 
 
@@ -269,7 +269,7 @@ def plan_pruning(model, config=PruneConfig()):
             policy.ensure_model_supports_pruning(model)
         except ValueError as e:
             raise UnsupportedLayerError(f"policy='xnnpack' does not fit model {model.name!r}: "
-                                        f"{str(e).strip()}; drop the policy for this model"
+                                        f"{first_line(e)}; drop the policy for this model"
                                         ) from None
     pruned, skipped, element_wise = [], {}, []
     first_kernel_seen = False

@@ -33,7 +33,6 @@ Example:
 
 import dataclasses
 
-import tensorflow as tf
 from absl import logging
 
 from tfaccel import _compat
@@ -72,10 +71,8 @@ def _calls_in(model):
     Only the calls that make up `model` say what QAT will see.
     """
     calls = {}
-    for nodes in _compat.nodes_by_depth(model).values():
-        for node in nodes:
-            if not node.is_input:
-                calls.setdefault(node.layer.name, []).append(tf.nest.flatten(node.inbound_layers))
+    for layer, inbound in _compat.layer_calls(model):
+        calls.setdefault(layer.name, []).append(inbound)
     return calls
 
 
@@ -150,31 +147,6 @@ def check_quantizable(model, layer_names=None):
 # ---------------------------------------------------------------- flattening
 
 
-def _replay(model, inputs):
-    """Calls `model`'s layers on `inputs`, descending into nested models (flat tensors out)."""
-    if not _compat.is_graph_network(model):
-        raise UnsupportedLayerError(
-            f"nested model {model.name!r} is a subclassed {type(model).__name__} and cannot be "
-            "flattened for QAT: build it functionally or as a Sequential with an Input")
-    usage = _compat.tensor_usage_count(model)
-    nodes_by_depth = _compat.nodes_by_depth(model)
-    tensors = {}
-    for ref, value in zip(model.inputs, inputs):
-        tensors[str(id(ref))] = [value] * usage[str(id(ref))]
-    for depth in sorted(nodes_by_depth, reverse=True):
-        for node in nodes_by_depth[depth]:
-            if node.is_input or any(i not in tensors for i in node.flat_input_ids):
-                continue
-            args, kwargs = node.map_arguments(tensors)
-            if isinstance(node.layer, keras.Model):
-                outputs = _replay(node.layer, tf.nest.flatten(args))
-            else:
-                outputs = node.layer(*args, **kwargs)
-            for ref_id, value in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
-                tensors[ref_id] = [value] * usage[ref_id]
-    return [tensors[str(id(ref))].pop() for ref in model.outputs]
-
-
 def is_nested(model):
     """True when `model` holds another Keras model as a layer."""
     return any(isinstance(layer, keras.Model) for layer in model.layers)
@@ -195,7 +167,7 @@ def flatten_model(model):
         return model
     inputs = [keras.Input(shape=ref.shape[1:], dtype=ref.dtype, name=ref.name.split(":")[0])
               for ref in model.inputs]
-    outputs = _replay(model, inputs)
+    outputs = _compat.replay_layers(model, inputs)
     names = [layer.name for layer in _collect_layers(model)]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:

@@ -35,11 +35,12 @@ _NEEDS_DATA = ("int8", "int16x8")
 
 def is_quantization_aware(model):
     """True when `model` holds TF-MOT quantization wrappers (it went through QAT)."""
-    for layer in model.submodules if hasattr(model, "submodules") else model.layers:
-        if type(layer).__module__.startswith("tensorflow_model_optimization") and \
-                "quantize" in type(layer).__module__:
-            return True
-    return False
+    import tensorflow_model_optimization as tfmot
+
+    wrappers = (tfmot.quantization.keras.QuantizeWrapper,
+                tfmot.quantization.keras.QuantizeWrapperV2)
+    layers = model.submodules if hasattr(model, "submodules") else model.layers
+    return any(isinstance(layer, wrappers) for layer in layers)
 
 
 def representative_dataset(data, num_samples=200):

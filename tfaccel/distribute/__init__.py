@@ -11,11 +11,33 @@ The package's public names are those of its modules, loaded on first use (so
 """
 
 import importlib
+import warnings
+
+from tfaccel import _aliases
 
 _MODULES = ("tfaccel.distribute.strategy", "tfaccel.distribute.batching")
 
 
+def _scale_learning_rate_by_replicas(learning_rate, num_replicas):
+    """0.1.0's `distribute.scale_learning_rate(lr, num_replicas)`: `lr` times the replicas.
+
+    Deprecated: the one rule is `distribute.batching.scale_learning_rate(lr,
+    global_batch_size, base_batch_size)`; this is it with a base batch of 1.
+    """
+    warnings.warn("tfaccel.distribute.scale_learning_rate(lr, num_replicas) is deprecated: use "
+                  "tfaccel.scale_learning_rate(lr, num_replicas, base_batch_size=1)",
+                  DeprecationWarning, stacklevel=2)
+    from tfaccel.distribute import batching
+
+    return batching.scale_learning_rate(learning_rate, num_replicas, base_batch_size=1)
+
+
 def __getattr__(name):
+    module = _aliases.submodule(__name__, name)
+    if module is not None:
+        return module
+    if name == "scale_learning_rate":  # kept with its 0.1.0 meaning (lr x replicas)
+        return _scale_learning_rate_by_replicas
     if not name.startswith("_"):
         for module_name in _MODULES:
             module = importlib.import_module(module_name)

@@ -155,10 +155,15 @@ def with_shard_policy(dataset, in_memory, num_workers=1, policy=None):
       dataset: a batched dataset.
       in_memory: True for in-memory sources (`DatasetInfo.in_memory`).
       num_workers: worker processes training together (`num_workers(strategy)`).
-      policy: a name of `SHARD_POLICIES` to force, or None for `shard_policy`'s rule.
+      policy: a name of `SHARD_POLICIES` to force, or None: the policy already forced on
+        `dataset` (`PipelineConfig(shard_policy=...)`), else `shard_policy`'s rule.
     """
     options = tf.data.Options()
-    chosen = shard_policy(dataset, in_memory, policy)
+    forced = dataset.options().experimental_distribute.auto_shard_policy
+    if policy is None and forced != tf.data.experimental.AutoShardPolicy.AUTO:
+        chosen = forced
+    else:
+        chosen = shard_policy(dataset, in_memory, policy)
     options.experimental_distribute.auto_shard_policy = chosen
     if num_workers > 1 and chosen == SHARD_POLICIES["data"]:
         options.deterministic = True

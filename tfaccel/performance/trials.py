@@ -33,7 +33,7 @@ from absl import logging
 
 from tfaccel import monitor
 from tfaccel.choices import PRECISIONS
-from tfaccel.errors import ConfigError, ModelError
+from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import keras
 from tfaccel.performance import memory, precision
 from tfaccel.train.training import compile_classifier
@@ -279,7 +279,7 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
         trial = keras.models.clone_model(model)
     except ValueError as e:
         raise ModelError(f"batch-size search needs a Functional or Sequential model to copy, "
-                         f"{model.name!r} is not ({e})") from None
+                         f"{model.name!r} is not ({first_line(e)})") from None
     trial.set_weights(model.get_weights())
     (compile_fn or _default_compile)(trial)
     if callable(dataset):

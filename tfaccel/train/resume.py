@@ -80,7 +80,7 @@ class ResumeReporter(keras.callbacks.Callback):
         if latest is None:
             self.printer(f"resume: no backup in {self.backup_dir}: starting from epoch 1")
             return
-        self.resumed_at = _restored_start(restored, (self.params or {}).get("steps"))
+        self.resumed_at = _compat.resumed_start(restored, (self.params or {}).get("steps"))
         total = f"/{self.epochs}" if self.epochs else ""
         self.finished = bool(self.epochs) and self.resumed_at[0] > self.epochs
         if self.finished:
@@ -99,22 +99,6 @@ class ResumeReporter(keras.callbacks.Callback):
             os.rmdir(self.backup_dir)
         except OSError:
             pass
-
-
-def _restored_start(restored, steps):
-    """(epoch from 1, step) where `fit` continues after BackupAndRestore restored a backup.
-
-    `restored` is `_compat.restored_backup`'s (checkpoint, epoch, batch).
-    """
-    _, epoch, batch = restored
-    # Keras's rule (worker_training_state.maybe_load_initial_counters_from_ckpt): an epoch
-    # backup resumes at the next epoch, a step backup at the next step (the next epoch after
-    # an epoch's last step).
-    if batch >= 0 and steps and batch == steps - 1:
-        return (epoch + 2, 0)
-    if batch >= 0:
-        return (epoch + 1, batch + 1)
-    return (epoch + 2, 0)
 
 
 class EpochCounter(keras.callbacks.Callback):
@@ -143,7 +127,8 @@ class EpochCounter(keras.callbacks.Callback):
         restored = _compat.restored_backup(self.model)
         if restored is not None and restored[0] is not None:
             # The first epoch's iterator is made before on_epoch_begin: set it now.
-            self.epoch.assign(_restored_start(restored, (self.params or {}).get("steps"))[0] - 1)
+            steps = (self.params or {}).get("steps")
+            self.epoch.assign(_compat.resumed_start(restored, steps)[0] - 1)
         else:
             self.epoch.assign(0)
 

@@ -1,0 +1,71 @@
+"""Every place tfaccel relies on a private part of TensorFlow, tf_keras, TF-MOT or TFLite.
+
+Public APIs do not offer these; each is wrapped here in one small function so
+that an upgrade is checked and fixed in this one file. Each names what it
+relies on and the versions it was checked against (TF 2.21, tf_keras 2.21,
+TF-MOT 0.8.1, unless it says otherwise). Imports are lazy: importing this
+package loads nothing heavy. One module per area of tfaccel: graphs (model
+graphs, shared), distribute (tf.distribute, tf.data), training (the tf_keras
+training loop, mixed precision, the allocator), compress (TF-MOT, TFLite),
+callbacks (tf_keras callbacks); use them through this package (`_compat.x`).
+"""
+
+from tfaccel._compat.callbacks import (
+    takes_logs_as_tensors,
+    tensorboard_without_learning_rate,
+)
+from tfaccel._compat.compress import (
+    layer_calls,
+    mask_in_float32,
+    no_op_quantize_config,
+    prune_registry_supports,
+    prune_registry_weight_names,
+    pruning_wrapper_class,
+    replay_layers,
+    tflite_converter_errors,
+    tflite_op_outputs,
+    unsafe_deserialization,
+)
+from tfaccel._compat.distribute import (
+    num_workers,
+    serialized_dataset_graph,
+    strategy_name,
+)
+from tfaccel._compat.graphs import (
+    is_graph_network,
+)
+from tfaccel._compat.training import (
+    latest_backup,
+    output_layers,
+    restored_backup,
+    resumed_start,
+    steps_per_execution,
+    traced_allocator_names,
+    train_counter,
+)
+
+__all__ = [
+    "is_graph_network",
+    "num_workers",
+    "strategy_name",
+    "serialized_dataset_graph",
+    "output_layers",
+    "restored_backup",
+    "resumed_start",
+    "latest_backup",
+    "steps_per_execution",
+    "train_counter",
+    "traced_allocator_names",
+    "pruning_wrapper_class",
+    "prune_registry_supports",
+    "prune_registry_weight_names",
+    "mask_in_float32",
+    "layer_calls",
+    "replay_layers",
+    "no_op_quantize_config",
+    "unsafe_deserialization",
+    "tflite_op_outputs",
+    "tflite_converter_errors",
+    "tensorboard_without_learning_rate",
+    "takes_logs_as_tensors",
+]
