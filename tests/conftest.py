@@ -89,3 +89,47 @@ def check_only_chief_wrote(proc, model_dir, tmpdir):
 def recipe():
     """Fixture form of `run_recipe`."""
     return run_recipe
+
+
+# ---- a trained digits CNN and its TFLite files (test_tflite, test_tflite_eval)
+
+
+def train_digits_cnn():
+    """A digits CNN trained briefly, its test split as arrays, and its Keras predictions."""
+    import numpy as np
+
+    from tfaccel import data
+    from tfaccel.keras import keras
+    from tfaccel.train import models, training
+
+    keras.utils.set_random_seed(0)
+    splits = data.load_dataset("digits")
+    model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
+    training.compile_classifier(model, training.make_optimizer("adam", 2e-3))
+    model.fit(data.batch_dataset(splits.train, 64, training=True), epochs=4, verbose=0)
+    x, y = (np.concatenate(a) for a in zip(*data.batch_dataset(
+        splits.test, 512, training=False).as_numpy_iterator()))
+    return splits, model, x, y, model.predict(x, verbose=0).argmax(-1)
+
+
+def convert_float_and_int8(trained, out):
+    """{'float': path, 'int8': path} of the trained model converted into directory `out`."""
+    from tfaccel.compress import tflite
+
+    splits, model, *_ = trained
+    return {mode: tflite.convert_to_tflite(model, str(out / f"{mode}.tflite"), mode=mode,
+                                           representative_data=splits.train,
+                                           num_calibration_samples=100)
+            for mode in ("float", "int8")}
+
+
+@pytest.fixture(scope="session")
+def trained():
+    """(splits, model, x_test, y_test, Keras predictions) of a briefly trained digits CNN."""
+    return train_digits_cnn()
+
+
+@pytest.fixture(scope="session")
+def files(trained, tmp_path_factory):
+    """{'float': path, 'int8': path} of `trained`'s model converted to TFLite."""
+    return convert_float_and_int8(trained, tmp_path_factory.mktemp("tflite"))

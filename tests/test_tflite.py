@@ -1,7 +1,7 @@
 """compress.tflite: conversion modes, calibration data, the files' sizes and accuracy, bad requests.
 
-tests/test_tflite_eval.py builds its fixtures with `train_digits_cnn` and
-`convert_float_and_int8`."""
+The trained digits CNN (`trained`) and its float and int8 files (`files`) are conftest fixtures,
+shared with tests/test_tflite_eval.py."""
 
 import os
 
@@ -10,39 +10,6 @@ import pytest
 
 from tfaccel import data, errors
 from tfaccel.compress import tflite, tflite_eval
-from tfaccel.keras import keras
-from tfaccel.train import models, training
-
-
-def train_digits_cnn():
-    """A digits CNN trained briefly, its test split as arrays, and its Keras predictions."""
-    keras.utils.set_random_seed(0)
-    splits = data.load_dataset("digits")
-    model = models.build_model("cnn", splits.info.input_shape, splits.info.num_classes)
-    training.compile_classifier(model, training.make_optimizer("adam", 2e-3))
-    model.fit(data.batch_dataset(splits.train, 64, training=True), epochs=4, verbose=0)
-    x, y = (np.concatenate(a) for a in zip(*data.batch_dataset(
-        splits.test, 512, training=False).as_numpy_iterator()))
-    return splits, model, x, y, model.predict(x, verbose=0).argmax(-1)
-
-
-def convert_float_and_int8(trained, out):
-    """{'float': path, 'int8': path} of the trained model converted into directory `out`."""
-    splits, model, *_ = trained
-    return {mode: tflite.convert_to_tflite(model, str(out / f"{mode}.tflite"), mode=mode,
-                                           representative_data=splits.train,
-                                           num_calibration_samples=100)
-            for mode in ("float", "int8")}
-
-
-@pytest.fixture(scope="module")
-def trained():
-    return train_digits_cnn()
-
-
-@pytest.fixture(scope="module")
-def files(trained, tmp_path_factory):
-    return convert_float_and_int8(trained, tmp_path_factory.mktemp("tflite"))
 
 
 def test_int8_file_has_int8_io_and_keeps_accuracy(trained, files):

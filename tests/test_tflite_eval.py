@@ -3,21 +3,10 @@ read from the file, agreement, unreadable files."""
 
 import numpy as np
 import pytest
-from test_tflite import convert_float_and_int8, train_digits_cnn
 
 from tfaccel import data, errors
 from tfaccel.compress import tflite, tflite_eval
 from tfaccel.keras import keras
-
-
-@pytest.fixture(scope="module")
-def trained():
-    return train_digits_cnn()
-
-
-@pytest.fixture(scope="module")
-def files(trained, tmp_path_factory):
-    return convert_float_and_int8(trained, tmp_path_factory.mktemp("tflite"))
 
 
 def test_float_file_matches_keras(trained, files):
