@@ -68,6 +68,18 @@ def submodule(package, name):
         return None
 
 
+def submodule_getattr(package):
+    """A module `__getattr__` for an area package: its submodules, loaded on first use."""
+
+    def __getattr__(name):
+        module = submodule(package, name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return module
+
+    return __getattr__
+
+
 def install():
     if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
         sys.meta_path.append(_AliasFinder())

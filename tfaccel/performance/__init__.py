@@ -3,9 +3,4 @@ gradient accumulation, memory settings and measurement, and input-pipeline diagn
 
 from tfaccel import _aliases
 
-
-def __getattr__(name):
-    module = _aliases.submodule(__name__, name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return module
+__getattr__ = _aliases.submodule_getattr(__name__)
