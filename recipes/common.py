@@ -32,6 +32,7 @@ from flagkit import (
     require_ints,
 )
 from shared_flags import (
+    TRAIN_BACKUP_FREQ,
     check_strategy,
     define_backup_flags,
     define_data_flags,
@@ -49,8 +50,9 @@ from tfaccel.errors import ConfigError
 
 __all__ = [
     # Re-exported: the flag machinery and the shared flags the recipes use.
-    "FLAGS", "BatchSizeParser", "ConfigError", "check_choice", "check_flag", "choices",
-    "command_line", "define_backup_flags", "define_data_flags", "define_distribute_flags",
+    "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError", "check_choice",
+    "check_flag", "choices", "command_line", "define_backup_flags", "define_data_flags",
+    "define_distribute_flags",
     "define_host_allocator_flag", "define_model_flags", "define_performance_flags",
     "define_pipeline_flags", "define_schedule_flags", "define_train_flags", "flag_values",
     "int_list", "reject_extra_args", "require_ints",
@@ -58,7 +60,8 @@ __all__ = [
     "load_data", "load_model", "model_label", "default_model_dir", "check_output_dirs",
     "run_dirs", "write_run_config", "use_host_allocator", "check_host_allocator",
     "strategy_from_flags", "scaled_learning_rate", "pipeline_config", "Inputs",
-    "input_from_flags", "lr_schedule", "compile_from_flags", "run",
+    "input_from_flags", "lr_schedule", "compile_from_flags", "FitCallbacks", "fit_callbacks",
+    "run",
 ]
 
 
@@ -281,6 +284,44 @@ def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False
     if accum_steps == 1:
         return model
     return accumulate.enable_gradient_accumulation(model, accum_steps)
+
+
+FitCallbacks = collections.namedtuple("FitCallbacks", "callbacks backup throughput")
+
+
+def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print):
+    """The train recipe's callbacks for `fit`, in the order they must run; what
+    benchmarks/bench_overhead.py times against a bare `fit`.
+
+    The NaN/Inf stop first (nothing backs up or logs a non-finite step); the backup (which
+    saves the weights to `model_dir`/checkpoints/ at each backup) and the resume line before
+    the others (they then see the restored state), kept after `fit` (removed once
+    metrics.json is written: a kill while exporting loses nothing); `data_epoch`
+    (`resume.EpochCounter`); learning rate, throughput, Keras's epoch scalars, peak memory,
+    hardware load every --monitor_every_n_steps steps. Unless --backup_freq is a number of
+    steps, none of them reads a tensor at every step.
+
+    Returns:
+      `FitCallbacks(callbacks, backup, throughput)`: the list for `fit`, the backup callbacks
+      (the last one's `resumed_at`) and the throughput logger (its `history`).
+    """
+    from tfaccel import monitor, summaries
+    from tfaccel.performance import memory
+    from tfaccel.train import resume, training
+
+    train_logdir = os.path.join(logdir, "train")
+    backup = resume.backup_callbacks(
+        backup_dir, backup_freq, epochs=FLAGS.epochs, printer=printer, delete_after_fit=False,
+        weights_path=os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"))
+    throughput = summaries.ThroughputLogger(train_logdir, FLAGS.batch_size)
+    callbacks = [training.StopOnNonFiniteLoss(), *backup,
+                 *([data_epoch] if data_epoch is not None else []),
+                 summaries.LearningRateLogger(train_logdir, every_n_steps=10), throughput,
+                 summaries.TensorBoard(logdir, update_freq="epoch"),  # no learning_rate copy
+                 memory.PeakMemoryLogger(train_logdir)]
+    if FLAGS.monitor_every_n_steps:
+        callbacks.append(monitor.HardwareMonitor(train_logdir, FLAGS.monitor_every_n_steps))
+    return FitCallbacks(callbacks, backup, throughput)
 
 
 def run(main, model_dir_prefix=""):

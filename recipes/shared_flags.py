@@ -117,12 +117,19 @@ def define_distribute_flags():
     check_choice("collective", "collective", choices.COLLECTIVES)
 
 
-def define_backup_flags():
+# The train recipe's --backup_freq: a backup (tens of ms for a small model) at most once a
+# minute, and after the last epoch, costs a small share of epochs of any length.
+TRAIN_BACKUP_FREQ = "60s"
+
+
+def define_backup_flags(default_freq="epoch"):
     """--backup_dir, --backup_freq: for recipes that resume from a backup after a crash."""
     flags.DEFINE_string("backup_dir", None, "Where BackupAndRestore keeps the state to resume "
                         "from after a crash (default: <model_dir>/backup; the same for all "
                         "workers).", module_name=DISTRIBUTION)
-    flags.DEFINE_string("backup_freq", "epoch", "Back up every 'epoch' or every N steps.",
+    flags.DEFINE_string("backup_freq", default_freq, "Back up every 'epoch', every N steps, or "
+                        "at the first epoch end N seconds after the last backup ('60s'; every "
+                        "epoch under several workers); the last epoch is always backed up.",
                         module_name=DISTRIBUTION)
 
 
@@ -183,6 +190,12 @@ def define_host_allocator_flag():
                       module_name=PERFORMANCE)
 
 
+def _check_auto_budget(value):
+    if value < 0:
+        raise ConfigError(f"--auto_budget_seconds={value:g} is not a time budget: give seconds "
+                          "> 0, or 0 for the default (10% of one epoch or 60 s)")
+
+
 def define_performance_flags():
     """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
     flags.DEFINE_string("precision", "float32", f"{', '.join(choices.PRECISIONS)}, or auto: "
@@ -209,5 +222,10 @@ def define_performance_flags():
     flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes whose "
                        "peak RSS exceeds this (default: current RSS + half the available "
                        "memory).", module_name=PERFORMANCE)
+    flags.DEFINE_float("auto_budget_seconds", 0.0, "Wall-clock budget of each timed search "
+                       "(--precision/--jit_compile=auto, --batch_size=auto), shared by its "
+                       "candidates; 0: 10% of one epoch or 60 s, whichever is larger.",
+                       module_name=PERFORMANCE)
+    check_flag("auto_budget_seconds", _check_auto_budget)
     flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
                          "memory every N steps to TensorBoard; 0: off.", module_name=PERFORMANCE)

@@ -31,7 +31,7 @@ common.define_data_flags()
 common.define_model_flags()
 common.define_train_flags(auto_batch_size=True)
 common.define_distribute_flags()
-common.define_backup_flags()
+common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
 common.define_pipeline_flags()
 common.define_schedule_flags()
 common.define_performance_flags()
@@ -48,7 +48,7 @@ def main(argv):
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, diagnose, memory, precision, trials
+    from tfaccel.performance import accumulate, diagnose, precision, trials
     from tfaccel.train import resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -106,10 +106,14 @@ def main(argv):
                     training=True, info=splits.info, seed=FLAGS.seed),
                 compile_fn=lambda m: common.compile_from_flags(m, learning_rate, policy),
                 start=replicas * -(-16 // replicas), max_batch_size=FLAGS.max_batch_size,
-                memory_budget_mb=FLAGS.memory_budget_mb or "default")
+                memory_budget_mb=FLAGS.memory_budget_mb or "default",
+                budget_seconds=FLAGS.auto_budget_seconds or "default",
+                num_examples=splits.info.num_examples["train"])
         FLAGS.batch_size = search.batch_size * FLAGS.grad_accum_steps
         print(f"batch size search:\n{summaries.markdown_table(list(search.table))}\n"
-              f"--batch_size=auto chose {FLAGS.batch_size}")
+              f"--batch_size=auto chose {FLAGS.batch_size} (search {search.seconds:.1f} s of a "
+              f"{search.budget_seconds:.0f} s budget{'; stopped: ' if search.stopped else ''}"
+              f"{search.stopped})")
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
     model_dir, logdir = common.run_dirs(strategy)  # only the chief's files are kept
     print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
@@ -129,10 +133,14 @@ def main(argv):
                 precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
                 jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
                 compile_fn=lambda m, p, j: common.compile_from_flags(
-                    m, learning_rate, p, j, FLAGS.grad_accum_steps))
+                    m, learning_rate, p, j, FLAGS.grad_accum_steps),
+                budget_seconds=FLAGS.auto_budget_seconds or "default",
+                steps_per_epoch=inputs.steps_per_epoch,
+                batch_multiple=replicas * FLAGS.grad_accum_steps)
         policy, jit_compile = choice.precision, choice.jit_compile
         print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
-              f"auto chose precision {policy}, jit_compile {jit_compile}")
+              f"auto chose precision {policy}, jit_compile {jit_compile} (trials "
+              f"{choice.seconds:.1f} s of a {choice.budget_seconds:.0f} s budget)")
         precision.set_precision(policy)
         with strategy.scope():
             model = precision.apply_precision(model, policy)
@@ -160,27 +168,13 @@ def main(argv):
         diagnosis = diagnose.diagnose_input(model, train_ds, config=inputs.config)
         print(diagnosis.summary())
         diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
-    throughput = summaries.ThroughputLogger(os.path.join(logdir, "train"), FLAGS.batch_size)
-    # Kept after fit: removed once metrics.json is written, so a kill while exporting loses nothing.
-    backup = resume.backup_callbacks(backup_dir, backup_freq, epochs=FLAGS.epochs,
-                                     delete_after_fit=False)
-    callbacks = [
-        training.StopOnNonFiniteLoss(),  # first: nothing backs up or logs a NaN step
-        *backup,  # before the others: they then see the restored state
-        data_epoch,
-        summaries.LearningRateLogger(os.path.join(logdir, "train"), every_n_steps=10),
-        throughput,
-        summaries.TensorBoard(logdir, update_freq="epoch"),  # learning_rate comes from above
-        keras.callbacks.ModelCheckpoint(os.path.join(model_dir, "checkpoints",
-                                                     "ckpt-{epoch:03d}.weights.h5"),
-                                        save_weights_only=True),
-        memory.PeakMemoryLogger(train_logdir),
-    ]
-    if FLAGS.monitor_every_n_steps:
-        callbacks.append(monitor.HardwareMonitor(train_logdir, FLAGS.monitor_every_n_steps))
+    # NaN stop, backup/resume (and checkpoints/ at each backup; kept after fit until
+    # metrics.json is written), logging: the list bench_overhead.py times against a bare fit.
+    fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch)
+    throughput, backup = fit_callbacks.throughput, fit_callbacks.backup
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs,
-                        callbacks=callbacks, verbose=2)
+                        callbacks=fit_callbacks.callbacks, verbose=2)
     train_seconds = time.perf_counter() - start
 
     # --- Evaluate, export, report.
@@ -207,6 +201,9 @@ def main(argv):
         "grad_accum_steps": FLAGS.grad_accum_steps,
         "batch_size_search": list(search.table) if search else None,
         "auto_precision_trials": list(choice.table) if choice else None,
+        "auto_precision_seconds": choice.seconds if choice else None,
+        "auto_precision_budget_seconds": choice.budget_seconds if choice else None,
+        "batch_size_search_seconds": search.seconds if search else None,
         "distribution": distribute.describe(strategy),
         "per_replica_batch_size": per_replica_batch,
         "learning_rate": learning_rate,

@@ -17,8 +17,8 @@ from tfaccel import summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-NAMES = ("bench_data", "bench_precision", "bench_prune", "bench_tflite")
-WITH_OUTPUT_DIR = ("bench_data", "bench_precision", "bench_prune")
+NAMES = ("bench_data", "bench_overhead", "bench_precision", "bench_prune", "bench_tflite")
+WITH_OUTPUT_DIR = ("bench_data", "bench_overhead", "bench_precision", "bench_prune")
 
 
 def _run(name, *args, timeout=600):
@@ -38,7 +38,7 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(_docstring(name).splitlines()[0])
     own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
-           "bench_precision": "--precisions"}[name]
+           "bench_precision": "--precisions", "bench_overhead": "--rounds"}[name]
     assert f"{own}:" in proc.stdout
     if name in WITH_OUTPUT_DIR:
         assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
@@ -106,6 +106,43 @@ def test_bench_data_measures_every_pipeline_over_whole_epochs(tmp_path):
     assert "tfaccel cached" in summaries.read_text(logdir)["bench_data/report"]
     assert "bench_data/tfaccel_cached_images_per_sec" in summaries.read_scalars(logdir)
     assert "bench_data/plot" in summaries.read_image_tags(logdir)
+
+
+@pytest.mark.slow
+def test_bench_overhead_times_the_recipes_callbacks_against_a_bare_fit(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_overhead", "--epochs=4", "--rounds=2", f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: the target missed at this size
+    result = json.loads((out / "bench_overhead.json").read_text())
+    runs = result["runs"]
+    assert [(r["round"], r["side"]) for r in runs] == [(0, "bare"), (0, "recipe"),
+                                                       (1, "recipe"), (1, "bare")]
+    assert all(len(r["epoch_seconds"]) == 3 for r in runs)  # the first epoch left out
+    bare = sorted(s for r in runs if r["side"] == "bare" for s in r["epoch_seconds"])
+    recipe = sorted(s for r in runs if r["side"] == "recipe" for s in r["epoch_seconds"])
+    assert result["ratio"] == pytest.approx((recipe[2] + recipe[3]) / (bare[2] + bare[3]))
+    # Exactly the train recipe's default callbacks, each timed in every steady epoch.
+    assert [c["callback"] for c in result["callbacks"]] == [
+        "StopOnNonFiniteLoss", "PeriodicBackup", "ResumeReporter", "EpochCounter",
+        "LearningRateLogger", "ThroughputLogger", "TensorBoard", "PeakMemoryLogger",
+        "HardwareMonitor"]
+    for run in runs:
+        if run["side"] == "recipe":  # backed up (and checkpointed) after the last epoch only
+            backup = run["callback_seconds"]["PeriodicBackup"]
+            assert backup[-1] == max(backup) and backup[-1] > 10 * sorted(backup)[0]
+        else:
+            assert run["callback_seconds"] == {}
+    assert result["target"] == {"kind": "short", "max_ratio": 1.10,
+                                "met": result["ratio"] <= 1.10}
+    assert proc.returncode == (0 if result["target"]["met"] else 1)
+    assert f"steady epoch ratio recipe/bare {result['ratio']:.3f}" in proc.stdout
+    _png_size(out / "bench_overhead.png")
+    logdir = str(out / "logs")
+    assert "PeriodicBackup |" in summaries.read_text(logdir)["bench/overhead"]
+    assert (out / "fit.log").read_text().count("Epoch 4/4") == 2  # the recipe's verbose=2
+    assert summaries.read_image_tags(logdir) == ["bench/overhead_plot"]
+    assert sorted(os.listdir(out)) == ["bench_overhead.json", "bench_overhead.png", "fit.log",
+                                       "logs"]  # each run's own folder is gone
 
 
 @pytest.mark.slow

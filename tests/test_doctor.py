@@ -51,10 +51,54 @@ def test_human_report_runs():
     assert "TF build" in out.stdout and "Advice" in out.stdout
 
 
-def test_cpu_only_machine():
-    said = " ".join(messages(machine()))
-    assert "No GPU visible" in said and "bfloat16 hardware" in said
-    assert "bfloat16 hardware" not in " ".join(messages(machine(features=("avx512_bf16",))))
+AMX_XEON = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",
+            "amx_tile", "amx_bf16", "amx_int8")
+
+
+def test_cpu_only_machine_without_matrix_instructions():
+    said = messages(machine())
+    assert any("No GPU visible" in m for m in said)
+    assert any("no bfloat16 hardware" in m and "keep --precision=float32" in m for m in said)
+    assert any("No float16 math on this CPU" in m for m in said)
+    assert any("No int8 dot-product instructions" in m for m in said)
+    assert not any("This CPU has AMX" in m or "This CPU has int8" in m for m in said)
+
+
+def test_cpu_with_amx_is_advised_bfloat16_and_int8():
+    said = messages(machine(features=AMX_XEON))
+    bf16 = [m for m in said if "mixed_bfloat16" in m]
+    assert len(bf16) == 1 and "This CPU has AMX-BF16: mixed_bfloat16 trains faster" in bf16[0]
+    assert "--precision=mixed_bfloat16" in bf16[0]
+    assert not any("no bfloat16 hardware" in m or "keep --precision=float32" in m for m in said)
+    # AVX512_FP16 is float16 math, but TensorFlow's CPU kernels do not train with it.
+    assert any("float16 math (AVX512_FP16), but TensorFlow's CPU training kernels do not use it"
+               in m for m in said)
+    assert any("int8 dot products (AMX-INT8/AVX512_VNNI/AVX-VNNI)" in m for m in said)
+    # AVX512_BF16 without AMX: measured, not promised.
+    avx512 = " ".join(messages(machine(features=("avx512f", "avx512_bf16"))))
+    assert "AVX512_BF16 but no AMX" in avx512 and "--precision=auto measures it" in avx512
+    assert "no bfloat16 hardware" not in avx512
+
+
+def test_matrix_instructions_from_cpu_flags():
+    assert doctor.matrix_instructions(set(AMX_XEON)) == {
+        "bf16": ["amx_bf16", "avx512_bf16"], "fp16": ["avx512_fp16"],
+        "int8": ["amx_int8", "avx512_vnni", "avx_vnni"]}
+    assert doctor.matrix_instructions({"avx2", "amx_fp16"}) == {"bf16": [], "fp16": ["amx_fp16"],
+                                                                "int8": []}
+    assert [doctor.instruction_name(f) for f in ("amx_bf16", "avx512_fp16", "avx_vnni")] == [
+        "AMX-BF16", "AVX512_FP16", "AVX-VNNI"]
+
+
+def test_report_shows_this_machines_matrix_instructions():
+    facts = doctor.collect()
+    found = doctor.matrix_instructions(doctor.cpu_flags())
+    assert facts["cpu"]["matrix_instructions"] == found
+    report = doctor.format_report(facts, doctor.advise(facts))
+    line = next(ln for ln in report.splitlines() if ln.startswith("Matrix math"))
+    for kind, flags in found.items():
+        names = "/".join(doctor.instruction_name(f) for f in flags) or "none"
+        assert f"{kind} {names}" in line
 
 
 @pytest.mark.parametrize("cc,expected", [

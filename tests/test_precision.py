@@ -190,4 +190,12 @@ def test_hardware_advice():
     assert "no bfloat16 instructions" in precision.precision_advice(
         "mixed_bfloat16", gpus=[], cpu_flags={"avx2"})[0]
     assert precision.precision_advice("mixed_bfloat16", gpus=[], cpu_flags={"amx_bf16"}) == []
+    assert precision.precision_advice("mixed_bfloat16", gpus=[],
+                                      cpu_flags={"avx512_bf16"}) == []
+    # float16 math on the CPU (AVX512_FP16, AMX-FP16) is named, and still advised against.
+    fp16 = precision.precision_advice("mixed_float16", gpus=[],
+                                      cpu_flags={"avx512_fp16", "amx_fp16", "amx_bf16"})
+    assert len(fp16) == 1 and "this CPU's AMX-FP16/AVX512_FP16 float16 math is not used" in fp16[0]
+    assert "float16 math" not in precision.precision_advice("mixed_float16", gpus=[],
+                                                            cpu_flags={"avx2"})[0]
     assert precision.precision_advice("float32", gpus=k80) == []

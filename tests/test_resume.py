@@ -1,5 +1,6 @@
 """tfaccel.train.resume: backups, where training resumes, and a real kill -9 of the train recipe."""
 
+import datetime
 import json
 import os
 import random
@@ -16,7 +17,7 @@ import tensorflow as tf
 from conftest import RECIPES, ROOT
 
 from tfaccel import data, distribute
-from tfaccel.errors import ConfigError
+from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.keras import keras
 from tfaccel.train import resume, training
 
@@ -70,7 +71,9 @@ def _data():
 
 @pytest.mark.parametrize(
     "strategy_name, freq, crash_step, backed_up, resumed_at, first_epoch, iterations", [
-        ("default", "epoch", 10, (2, 4), (3, 0), 2, 8),  # crash in epoch 3: epochs 1-2 backed up
+        # Crash in epoch 3: epochs 1-2 backed up (no step is recorded: nothing runs per step).
+        ("default", "epoch", 10, (2, None), (3, 0), 2, 8),
+        ("default", "0s", 10, (2, None), (3, 0), 2, 8),  # no time between backups: every epoch
         # backups every 3 steps: the last after step 6 = epoch 2, step 2
         ("default", 3, 8, (2, 2), (2, 2), 1, 6),
         ("mirrored", 3, 8, (2, 2), (2, 2), 1, 6),
@@ -131,11 +134,89 @@ def test_a_kept_backup_of_finished_training_trains_nothing_more(tmp_path):
     assert not tmp_path.exists() and resume.read_backup(tmp_path) is None
 
 
+class _Clock:
+    """A clock that `_Tick` moves on by `seconds_per_epoch` at each epoch begin."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Tick(keras.callbacks.Callback):
+    def __init__(self, clock, seconds_per_epoch, stop_after=None):
+        super().__init__()
+        self.clock, self.seconds, self.stop_after = clock, seconds_per_epoch, stop_after
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.clock.now += self.seconds
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.stop_after:
+            self.model.stop_training = True  # as EarlyStopping does
+
+
+def test_timed_backups_skip_short_epochs_and_always_keep_the_last(tmp_path):
+    clock, model = _Clock(), _model(distribute.make_strategy("default"))
+    weights = str(tmp_path / "checkpoints" / "ckpt-{epoch:03d}.weights.h5")
+    backup = resume.PeriodicBackup(tmp_path / "backup", "25s", delete_checkpoint=False,
+                                   weights_path=weights, clock=clock)
+    model.fit(_data(), epochs=5, verbose=0, callbacks=[backup, _Tick(clock, 10)])
+    # Epoch ends at 10, 20, 30 (25 s after the start: backed up), 40 (10 s after), 50 (the last).
+    assert backup.backed_up_epochs == [2, 4]
+    assert resume.read_backup(tmp_path / "backup").epoch == 5
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["ckpt-003.weights.h5",
+                                                            "ckpt-005.weights.h5"]
+    saved = _model(distribute.make_strategy("default"))
+    saved.load_weights(weights.format(epoch=5))
+    for a, b in zip(saved.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_run_stopped_early_backs_up_its_last_epoch_when_the_backup_is_kept(tmp_path):
+    clock, model = _Clock(), _model(distribute.make_strategy("default"))
+    backup = resume.PeriodicBackup(tmp_path, "1000s", delete_checkpoint=False, clock=clock)
+    model.fit(_data(), epochs=5, verbose=0, callbacks=[backup, _Tick(clock, 1, stop_after=1)])
+    assert backup.backed_up_epochs == [1]  # not due by time: backed up as fit ended
+    assert resume.read_backup(tmp_path).epoch == 2
+
+
+def test_a_crash_before_the_interval_resumes_from_the_start(tmp_path):
+    clock, model, messages = _Clock(), _model(distribute.make_strategy("default")), []
+    callbacks = resume.backup_callbacks(tmp_path, "1000s", epochs=5, printer=messages.append)
+    callbacks[0].clock = clock
+    with pytest.raises(_Crash):
+        model.fit(_data(), epochs=5, verbose=0,
+                  callbacks=[*callbacks, _Tick(clock, 10), _CrashAt(10)])
+    assert resume.read_backup(tmp_path) is None
+
+
+def test_no_step_backup_holds_a_non_finite_loss(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(16, 4)).astype(np.float32), rng.integers(0, 3, 16)
+    x[9] = np.nan  # batch 3 of 4
+    model = _model(distribute.make_strategy("default"))
+    with pytest.raises(TrainingError, match="at epoch 1, step 3"):  # read at the epoch's end
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4), epochs=2, verbose=0,
+                  callbacks=[training.StopOnNonFiniteLoss(), *resume.backup_callbacks(
+                      tmp_path, 1, epochs=2, printer=lambda _: None)])
+    backup = resume.read_backup(tmp_path)
+    assert (backup.epoch, backup.step) == (1, 2)  # steps 1 and 2 backed up, not 3 and 4
+    assert all(np.isfinite(tf.train.load_checkpoint(backup.path).get_tensor(name)).all()
+               for name, _ in tf.train.list_variables(backup.path) if "kernel" in name)
+
+
 def test_backup_arguments_are_checked():
     assert resume.parse_backup_freq("epoch") == "epoch"
     assert resume.parse_backup_freq("25") == 25
+    assert resume.parse_backup_freq("60s") == datetime.timedelta(seconds=60)
+    assert resume.parse_backup_freq("1.5s") == datetime.timedelta(seconds=1.5)
+    for bad in ("s", "-5s", "60m", "1e3s"):
+        with pytest.raises(ConfigError, match="e.g. 60s"):
+            resume.parse_backup_freq(bad)
     for bad in ("0", "-3", "often", None):
-        with pytest.raises(ConfigError, match="must be 'epoch' or a positive number of steps"):
+        with pytest.raises(ConfigError, match="must be 'epoch', a positive number of steps"):
             resume.parse_backup_freq(bad)
     with pytest.raises(ConfigError, match="backup_dir is empty"):
         resume.backup_callbacks("", "epoch")
@@ -150,9 +231,12 @@ def _env():
     return env
 
 
-def _train_command(model_dir, epochs, *extra):
+def _train_command(model_dir, epochs, *extra, backup_freq="epoch"):
+    """The recipe's command; backups every epoch unless `backup_freq` is None (the default,
+    60s, backs up the digits' short epochs only after the last one: nothing to kill after)."""
+    freq = [f"--backup_freq={backup_freq}"] if backup_freq else []
     return [sys.executable, os.path.join(RECIPES, "train.py"), f"--epochs={epochs}",
-            "--learning_rate=3e-3", f"--model_dir={model_dir}", *extra]
+            "--learning_rate=3e-3", f"--model_dir={model_dir}", *freq, *extra]
 
 
 class _Run:
@@ -250,7 +334,7 @@ def test_recipe_resumes_after_kill_9(tmp_path):
 
 def test_kill_while_exporting_keeps_the_training(tmp_path):
     epochs, model_dir = 3, tmp_path / "run"
-    command = _train_command(model_dir, epochs)
+    command = _train_command(model_dir, epochs, backup_freq=None)  # the default backs up the end
     first = _Run(command)
     try:
         # model.keras is renamed into place complete; saved_model/ and metrics.json come after.

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from conftest import RECIPES, ROOT
 
-from tfaccel.errors import TfaccelError, TrainingError
+from tfaccel.errors import ConfigError, TfaccelError, TrainingError
 from tfaccel.keras import keras
 from tfaccel.train import training
 
@@ -59,6 +59,31 @@ def test_nan_in_the_data_stops_fit_at_that_step(where, expected):
         _fit(x, epochs=3)
     assert str(error.value).startswith(expected)
     assert isinstance(error.value, TfaccelError)  # recipes turn it into one line and exit 2
+
+
+@pytest.mark.parametrize("check_every_n_steps, steps_run", [
+    (None, 4),  # read at the epoch's end: the epoch's 4 steps ran, no later epoch
+    (1, 2),  # read at every step: the callbacks after it saw steps 1 and 2 only
+])
+def test_the_loss_is_read_when_asked_and_the_first_bad_step_named(check_every_n_steps,
+                                                                  steps_run):
+    x = _data()
+    x[9, 0] = np.nan  # batch 3
+    counter = _Epochs()
+    with pytest.raises(TrainingError, match=r"became nan at epoch 1, step 3 "):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                                  keras.layers.Activation("softmax")])
+        model.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+        model.fit(tf.data.Dataset.from_tensor_slices((x, np.arange(16) % 3)).batch(4),
+                  epochs=3, verbose=0,
+                  callbacks=[training.StopOnNonFiniteLoss(check_every_n_steps), counter])
+    assert counter.steps == steps_run
+
+
+def test_check_every_n_steps_must_be_positive():
+    with pytest.raises(ConfigError, match="check_every_n_steps=0 must be at least 1"):
+        training.StopOnNonFiniteLoss(0)
 
 
 def test_a_huge_learning_rate_stops_fit_naming_the_rate():

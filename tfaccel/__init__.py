@@ -66,9 +66,8 @@ _EXPORTS = {
         "PRECISIONS", "set_precision", "precision_scope", "apply_precision",
         "wrap_optimizer", "scaled_gradients", "precision_advice", "layer_dtypes",
     ],
-    "tfaccel.performance.trials": [
-        "auto_select", "choose_fastest", "find_batch_size", "search_batch_size",
-    ],
+    "tfaccel.performance.trials": ["auto_select", "choose_fastest"],
+    "tfaccel.performance.batch_search": ["find_batch_size", "search_batch_size"],
     "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
     "tfaccel.performance.memory": [
         "configure_gpu_memory", "use_pooled_host_allocator",

@@ -1,22 +1,20 @@
 """TensorBoard as the place to inspect every run: write and read back summaries.
 
-Writers for what Keras's TensorBoard callback does not log (the run's config
-as text, reports, plots drawn by `tfaccel.plots`, throughput, the learning
-rate every N steps) and readers built on TensorBoard's own event-file loader,
-so that tests and users can check what a run wrote. Every event file is opened
-by one function here; every callback that logs scalars (here, in `monitor`,
-`performance.memory` and `compress.sparsity`) is a `ScalarLogger`, which owns
-the writer's lifecycle. `tensorboard_command` is the command the recipes
-print to look at a run (served on localhost only).
+Writers for what Keras's TensorBoard callback does not log (the run's config as text,
+reports, plots drawn by `tfaccel.plots`, throughput, the learning rate every N steps) and
+readers built on TensorBoard's own event-file loader, so that tests and users can check
+what a run wrote. Event files are opened here only: `ScalarFile` for scalars written while
+training (no TensorFlow op per value), `_writer` for the rest. Every callback that logs
+scalars (here, `monitor`, `performance.memory`, `compress.sparsity`) is a `ScalarLogger`, which
+owns the file. `tensorboard_command`: what recipes print to see a run (localhost only).
 
 Example:
-
-    from tfaccel import summaries
 
     summaries.write_text("runs/a/logs/train", "config/flags", "| flag | value |\\n|---|---|")
     summaries.read_text("runs/a/logs/train")["config/flags"]
 """
 
+import os
 import shlex
 import time
 
@@ -28,8 +26,44 @@ from tfaccel.keras import keras
 
 
 def _writer(logdir):
-    """The one way tfaccel opens a TensorBoard event-file writer."""
+    """The one way tfaccel opens a TensorFlow event-file writer (text, images, one-off scalars)."""
     return tf.summary.create_file_writer(str(logdir))
+
+
+class ScalarFile:
+    """Scalars from Python through TensorBoard's event-file writer: no TensorFlow op per value.
+
+    (A `tf.summary.scalar` runs several ops, about 1 ms on 2 cores: a tenth of a short epoch
+    for an epoch's dozen scalars.) The file opens at the first `write`.
+    """
+
+    def __init__(self, logdir):
+        self.logdir = str(logdir)
+        self._file = None
+
+    def write(self, values, step, flush=True):
+        """Writes each `{tag: value}` at `step`; flushed (readable now) unless `flush=False`."""
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+        if not values:
+            return
+        if self._file is None:
+            self._file = EventFileWriter(self.logdir)
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
+            tag=tag, simple_value=float(value)) for tag, value in values.items()])
+        self._file.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                             summary=summary))
+        if flush:
+            self._file.flush()
+
+    def flush(self):
+        self._file is not None and self._file.flush()
+
+    def close(self):
+        if self._file is not None:
+            self._file, file = None, self._file
+            file.close()
 
 
 def write_text(logdir, tag, markdown, step=0):
@@ -42,11 +76,9 @@ def write_text(logdir, tag, markdown, step=0):
 
 def write_scalars(logdir, values, step=0):
     """Writes a dict of scalars at `step`."""
-    writer = _writer(logdir)
-    with writer.as_default():
-        for tag, value in values.items():
-            tf.summary.scalar(tag, float(value), step=step)
-    writer.close()
+    scalars = ScalarFile(logdir)
+    scalars.write(values, step)
+    scalars.close()
 
 
 def write_png(logdir, tag, png, step=0):
@@ -84,8 +116,7 @@ def _load_events(logdir):
     acc = event_accumulator.EventAccumulator(
         str(logdir), size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0,
                                     event_accumulator.IMAGES: 0})
-    acc.Reload()
-    return acc
+    return acc.Reload()  # returns the accumulator
 
 
 def read_scalars(logdir):
@@ -93,12 +124,8 @@ def read_scalars(logdir):
     acc = _load_events(logdir)
     out = {}
     for tag in acc.Tags().get("tensors", []):
-        events = acc.Tensors(tag)
-        values = []
-        for e in events:
-            arr = tf.make_ndarray(e.tensor_proto)
-            if arr.ndim == 0 and arr.dtype.kind in "fiu":
-                values.append((e.step, float(arr)))
+        arrays = [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+        values = [(step, float(a)) for step, a in arrays if a.ndim == 0 and a.dtype.kind in "fiu"]
         if values:
             out[tag] = values
     for tag in acc.Tags().get("scalars", []):
@@ -153,27 +180,18 @@ class ScalarLogger(keras.callbacks.Callback):
     def __init__(self, logdir):
         super().__init__()
         self.logdir = str(logdir)
-        self._writer = None
+        self._writer = ScalarFile(self.logdir)  # its file opens at the first write
 
     def write(self, values, step, flush=True):
         """Writes each `{tag: value}` as a scalar at `step`, then flushes unless `flush=False`."""
-        if self._writer is None:
-            self._writer = _writer(self.logdir)
-        with self._writer.as_default():
-            for tag, value in values.items():
-                tf.summary.scalar(tag, float(value), step=int(step))
-        if flush:
-            self._writer.flush()
+        self._writer.write(values, step, flush)
 
     def flush(self):
         """Flushes what `write(..., flush=False)` buffered."""
-        if self._writer is not None:
-            self._writer.flush()
+        self._writer.flush()
 
     def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._writer.close()
 
 
 class EpochScalarLogger(ScalarLogger):
@@ -204,7 +222,8 @@ class EpochScalarLogger(ScalarLogger):
 class ThroughputLogger(EpochScalarLogger):
     """Logs examples/sec and steps/sec of each epoch to TensorBoard and to `logs`.
 
-    The first epoch includes tracing; later epochs are the steady state.
+    Steps are the optimizer's updates (read at the epoch's begin and end: no per-step work);
+    the time includes validation. The first epoch includes tracing.
     """
 
     tag_prefix = "epoch_"
@@ -214,16 +233,14 @@ class ThroughputLogger(EpochScalarLogger):
         self.global_batch_size = int(global_batch_size)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._steps = 0
+        self._start_step = int(self.model.optimizer.iterations.numpy())
         self._start = time.perf_counter()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps += 1
 
     def epoch_values(self, epoch):
         elapsed = max(time.perf_counter() - self._start, 1e-9)
-        return {"examples_per_sec": self._steps * self.global_batch_size / elapsed,
-                "steps_per_sec": self._steps / elapsed}
+        steps = int(self.model.optimizer.iterations.numpy()) - self._start_step
+        return {"examples_per_sec": steps * self.global_batch_size / elapsed,
+                "steps_per_sec": steps / elapsed}
 
 
 def current_learning_rate(optimizer):
@@ -244,24 +261,33 @@ class LearningRateLogger(ScalarLogger):
     The step of each value is the optimizer's step count (`optimizer.iterations`)
     after the update, and the value is the rate that update used: at step s,
     `schedule(s - 1)`. This is the run's one learning-rate curve: pair it with
-    `summaries.TensorBoard`, which leaves out Keras's own per-epoch copy.
+    `summaries.TensorBoard`, which leaves out Keras's own per-epoch copy. Per
+    step it only adds to the step count read at the epoch's begin; the rate
+    is read every `every_n_steps` steps, and flushed once per epoch.
     """
 
     def __init__(self, logdir, every_n_steps=10):
         super().__init__(logdir)
         self.every_n_steps = max(1, int(every_n_steps))
-        self._last_step = None
+        _compat.takes_logs_as_tensors(self)  # it never reads the logs
+        self._last_step = self._first_batch = None
+        self._epoch_start, self._steps_per_call = 0, 1
 
     def _log(self, step):
         if step == self._last_step:  # an epoch that ends on a multiple of every_n_steps
             return
-        # Flushed once per epoch, not per write: a flush every few steps costs a file write.
-        self.write({"learning_rate": current_learning_rate(self.model.optimizer)}, step,
-                   flush=False)
+        self.write({"learning_rate": current_learning_rate(self.model.optimizer)}, step, False)
         self._last_step = step
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = int(self.model.optimizer.iterations.numpy())
+        self._steps_per_call = _compat.steps_per_execution(self.model)
+        self._first_batch = None  # a resumed epoch starts past batch 0
+
     def on_train_batch_end(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy())
+        if self._first_batch is None:  # Keras passes the last step of each call
+            self._first_batch = batch - self._steps_per_call + 1
+        step = self._epoch_start + batch - self._first_batch + 1
         if step % self.every_n_steps == 0:
             self._log(step)
 
@@ -271,20 +297,47 @@ class LearningRateLogger(ScalarLogger):
 
 
 class TensorBoard(_compat.tensorboard_without_learning_rate()):
-    """Keras's TensorBoard callback without its `epoch_learning_rate` curve.
+    """Keras's TensorBoard callback, its scalars written by `ScalarFile`, without a learning rate.
 
-    Keras adds the schedule's value at the epoch's last step count (the rate the
-    *next* update would use) as `epoch_learning_rate`, one step off the rate
-    `LearningRateLogger` logs as `learning_rate`; two curves that disagree by
-    a step help nobody, so this keeps only tfaccel's. Everything else (losses,
-    metrics, graphs, histograms) is Keras's. Leaving the curve out needs a
-    private tf_keras hook: see `_compat.tensorboard_without_learning_rate`.
+    The scalars (`epoch_<metric>` in `train/` and `validation/`,
+    `evaluation_<metric>_vs_iterations`) keep Keras's tags and steps. Keras's
+    `epoch_learning_rate` is left out: the rate the *next* update would use,
+    one step off `LearningRateLogger`'s `learning_rate`. Everything else
+    (graphs, histograms, profiles) is Keras's.
 
-    Example:
-
-        model.fit(ds, callbacks=[summaries.LearningRateLogger("runs/a/logs/train"),
-                                 summaries.TensorBoard("runs/a/logs")])
+    Example: `model.fit(ds, callbacks=[summaries.LearningRateLogger("runs/a/logs/train"),
+    summaries.TensorBoard("runs/a/logs")])`.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._scalars = {name: ScalarFile(os.path.join(self.log_dir, name))
+                         for name in ("train", "validation")}
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        for name, keep in (("train", lambda k: not k.startswith("val_")),
+                           ("validation", lambda k: k.startswith("val_"))):
+            self._scalars[name].write({f"epoch_{k.removeprefix('val_')}": v
+                                       for k, v in logs.items() if keep(k)}, epoch)
+        super().on_epoch_end(epoch, {})  # histograms and embeddings, as Keras writes them
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Keras writes batch_<metric> at each call even for update_freq='epoch' (0.4 ms a value).
+        super().on_train_batch_end(batch, None if self.update_freq == "epoch" else logs)
+
+    def on_test_end(self, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
+        if logs and optimizer is not None and hasattr(optimizer, "iterations"):
+            self._scalars["validation"].write(
+                {f"evaluation_{k}_vs_iterations": v for k, v in logs.items()},
+                int(optimizer.iterations.numpy()), flush=False)
+        super().on_test_end({})
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        for scalar_file in self._scalars.values():
+            scalar_file.close()
 
 
 def tensorboard_command(logdir):

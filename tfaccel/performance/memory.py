@@ -238,18 +238,24 @@ def gpu_devices():
     return [d.name.split("device:")[-1] for d in tf.config.list_logical_devices("GPU")]
 
 
-def reset_peak_memory():
-    """Restarts the peak count of every GPU (or of the process RSS without GPUs)."""
-    devices = gpu_devices()
+def reset_peak_memory(devices=None):
+    """Restarts the peak count of every GPU (or of the process RSS without GPUs).
+
+    `devices`: the GPUs (`gpu_devices()`, the default), when the caller has them already.
+    """
+    devices = gpu_devices() if devices is None else devices
     for device in devices:
         tf.config.experimental.reset_memory_stats(device)
     if not devices:
         reset_peak_rss()
 
 
-def peak_memory_mb():
-    """{name: peak MB since `reset_peak_memory`}: 'gpu0_peak_mb', ... or 'peak_rss_mb'."""
-    devices = gpu_devices()
+def peak_memory_mb(devices=None):
+    """{name: peak MB since `reset_peak_memory`}: 'gpu0_peak_mb', ... or 'peak_rss_mb'.
+
+    `devices`: the GPUs (`gpu_devices()`, the default), when the caller has them already.
+    """
+    devices = gpu_devices() if devices is None else devices
     if devices:
         return {f"gpu{i}_peak_mb": tf.config.experimental.get_memory_info(d)["peak"] / _MB
                 for i, d in enumerate(devices)}
@@ -273,8 +279,11 @@ class PeakMemoryLogger(EpochScalarLogger):
 
     tag_prefix = "memory/"
 
+    def on_train_begin(self, logs=None):
+        self._devices = gpu_devices()  # looked up once, not twice per epoch
+
     def on_epoch_begin(self, epoch, logs=None):
-        reset_peak_memory()
+        reset_peak_memory(self._devices)
 
     def epoch_values(self, epoch):
-        return peak_memory_mb()
+        return peak_memory_mb(self._devices)

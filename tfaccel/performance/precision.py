@@ -28,7 +28,7 @@ import contextlib
 
 import tensorflow as tf
 
-from tfaccel import _compat
+from tfaccel import _compat, doctor
 from tfaccel.choices import JIT_CHOICES, PRECISIONS
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
@@ -76,8 +76,10 @@ def precision_advice(name, gpus=None, cpu_flags=None):
     """Warnings for a precision that will not speed training up on this hardware.
 
     float16 pays off on GPUs of compute capability >= 7.0 (Tensor Cores),
-    bfloat16 on >= 8.0; on CPUs bfloat16 needs AVX512_BF16 or AMX, and float16
-    has no fast CPU path at all.
+    bfloat16 on >= 8.0. On CPUs bfloat16 needs AMX-BF16 or AVX512_BF16
+    (`doctor.MATRIX_INSTRUCTIONS`), and float16 has no fast TensorFlow path
+    even where the CPU has float16 math (AVX512_FP16, AMX-FP16): TensorFlow
+    2.21's CPU training kernels do not use it.
 
     Args:
       name: a precision.
@@ -96,13 +98,16 @@ def precision_advice(name, gpus=None, cpu_flags=None):
                 f"{g['compute_capability'][0]}.{g['compute_capability'][1]}): it needs "
                 f">= {need[0]}.{need[1]}; use float32 or --precision=auto"
                 for i, g in enumerate(gpus) if tuple(g["compute_capability"]) < need]
+    matrix = doctor.matrix_instructions(doctor.cpu_flags() if cpu_flags is None else cpu_flags)
     if name == "mixed_float16":
-        return [("no GPU: mixed_float16 has no fast path on CPUs and trains slower than "
-                 "float32; use it here only to check correctness, or use --precision=auto")]
-    flags = _cpu_flags() if cpu_flags is None else cpu_flags
-    if not {"avx512_bf16", "amx_bf16"} & set(flags):
-        return [("this CPU has no bfloat16 instructions (AVX512_BF16 or AMX): mixed_bfloat16 "
-                 "will train slower than float32; use float32 or --precision=auto")]
+        has = (f"this CPU's {'/'.join(doctor.instruction_name(f) for f in matrix['fp16'])} "
+               "float16 math is not used by TensorFlow's training kernels, so "
+               if matrix["fp16"] else "")
+        return [(f"no GPU: {has}mixed_float16 has no fast path on CPUs and trains far slower "
+                 "than float32; use it here only to check correctness, or use --precision=auto")]
+    if not matrix["bf16"]:
+        return [("this CPU has no bfloat16 instructions (AMX-BF16 or AVX512_BF16): "
+                 "mixed_bfloat16 will train slower than float32; use float32 or --precision=auto")]
     return []
 
 
@@ -113,17 +118,6 @@ def _visible_gpus():
         gpus.append({"name": details.get("device_name", gpu.name),
                      "compute_capability": details.get("compute_capability", (0, 0))})
     return gpus
-
-
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def outputs_are_float32(model):

@@ -2,59 +2,59 @@
 
 `auto_select` (the recipes' `--precision=auto` and `--jit_compile=auto`) trains
 a copy of the model under each candidate precision and XLA setting for a few
-steps and keeps the fastest, never one slower than float32 without XLA.
+steps and keeps the fastest, never one slower than float32 without XLA. The
+trials have a time budget (by default 10% of one epoch or 60 s, whichever is
+larger), shared equally by the settings; each setting's copying, tracing, XLA
+compilation and steps count against its share, and a setting whose first steps
+(on a small batch) are far slower than float32's is dropped before it trains a
+full-size step. `search_settings` is the same search around any `measure`
+function, which is how its rules are tested.
 
-`find_batch_size` (`--batch_size=auto`) trains a copy at growing batch sizes
-(16, 32, 64, ... by default), a few timed steps each, and stops at the first
-out-of-memory error (GPU), at the first size whose peak memory exceeds a
-budget (CPU, where running out of memory means swapping or being killed
-instead of an error), or when throughput has stopped improving. It returns
-the size with the highest examples/s and the table of everything it measured.
-`search_batch_size` is the same search around any `measure` function, which
-is how the stopping rules are tested. A larger batch changes the
-optimization, not just the speed: consider scaling the learning rate with it.
+The batch-size search (`--batch_size=auto`) is `tfaccel.performance.batch_search`;
+its names are importable from here too.
 
 Example:
 
     from tfaccel.performance import trials
 
-    choice = trials.auto_select(model, train_ds, batch_size=64)
-    print(choice.precision, choice.jit_compile)
-    result = trials.find_batch_size(model, splits.train, max_batch_size=512)
-    print(result.batch_size)
-    for row in result.table:
-        print(row)
+    choice = trials.auto_select(model, train_ds, batch_size=64, steps_per_epoch=100)
+    print(choice.precision, choice.jit_compile, f"{choice.seconds:.0f} s")
+    for row in choice.table:
+        print(row)  # precision, jit_compile, status, ms_per_step, ..., note
 """
 
 import dataclasses
+import statistics
+import time
 
-import tensorflow as tf
 from absl import logging
 
-from tfaccel import monitor
 from tfaccel.choices import PRECISIONS
-from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import keras
-from tfaccel.performance import memory, precision
-from tfaccel.train.training import compile_classifier
-
-
-def _default_compile(model, precision_name=None, jit_compile=False):
-    """Compiles a trial copy as a classifier with Adam, loss-scaled under float16.
-
-    `precision_name` defaults to the global policy (the one the copy was built under).
-    """
-    name = precision_name or keras.mixed_precision.global_policy().name
-    compile_classifier(model, precision.wrap_optimizer(keras.optimizers.Adam(1e-3), name),
-                       jit_compile=jit_compile)
-
-
-# ---------------------------------------------------------------- precision and XLA
+from tfaccel.errors import ConfigError
+from tfaccel.performance import budget, memory, precision
+from tfaccel.performance.batch_search import (  # noqa: F401 (their old home: tfaccel.batch_size)
+    NOT_TRIED,
+    OK,
+    OUT_OF_MEMORY,
+    OVER_BUDGET,
+    BatchSizeResult,
+    candidate_sizes,
+    default_compile,
+    default_memory_budget_mb,
+    find_batch_size,
+    measure_batch_size,
+    search_batch_size,
+)
 
 BASELINE = ("float32", False)
 """The setting `auto_select` compares against and falls back to."""
 MIN_SPEEDUP = 1.05
 """How much faster than the baseline `auto_select` needs another setting to measure."""
+MEASURED, BUDGET_SPENT, DROPPED = "measured", "budget spent", "dropped"
+"""A trial's status: all its rounds ran; its share of the budget ran out (it keeps the rounds
+it had, if any); it cannot win and was not timed again (see its note)."""
+FIRST, WARMUP, ROUND = "first steps", "warm-up", "round"
+"""What `search_settings` asks its `measure` function to run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,12 @@ class AutoChoice:
     precision: str
     jit_compile: bool
     table: tuple
-    """One dict per candidate: precision, jit_compile, ms_per_step, examples_per_sec, speedup."""
+    """One dict per setting tried: precision, jit_compile, status, ms_per_step,
+    examples_per_sec, speedup (only once timed at full batch), rounds, seconds, note."""
+    seconds: float = 0.0
+    """Wall time of all the trials."""
+    budget_seconds: float = float("inf")
+    """The trials' time budget (as finally computed, from the epoch time measured)."""
 
 
 def choose_fastest(timings, baseline=BASELINE, min_speedup=1.0):
@@ -87,33 +92,231 @@ def choose_fastest(timings, baseline=BASELINE, min_speedup=1.0):
     return best
 
 
-def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
-                compile_fn=None, warmup=2, steps=8, rounds=3, drop_slower_than=3.0,
-                min_speedup=MIN_SPEEDUP):
-    """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
+class _Search:
+    """The state of one `search_settings` call: every setting's costs, pace and timing."""
+
+    def __init__(self, measure, baseline, settings, budget_seconds, steps_per_epoch, clock):
+        self.measure, self.baseline, self.clock = measure, baseline, clock
+        self.settings, self.budget_seconds = settings, budget_seconds
+        self.steps_per_epoch, self.start, self.rows = steps_per_epoch, clock(), {}
+        budget.resolve_budget(budget_seconds)  # a bad budget fails before any trial
+
+    def total(self):
+        timing = self.rows.get(self.baseline, {}).get("timing")
+        epoch = self.steps_per_epoch * timing if self.steps_per_epoch and timing else None
+        return budget.resolve_budget(self.budget_seconds, epoch)
+
+    def left(self, key):
+        return self.total() / self.settings - self.rows[key]["seconds"]
+
+    def run(self, key, kind, steps):
+        row = self.rows.setdefault(key, {"seconds": 0.0, "rounds": 0, "timing": None,
+                                         "status": None, "note": ""})
+        began = self.clock()
+        with precision.precision_scope(key[0]):
+            times = list(self.measure(key, kind, steps, began + self.left(key)))
+        row["last"] = self.clock() - began
+        row["seconds"] += row["last"]
+        return times
+
+    def end(self, key, status, note):
+        self.rows[key].update(status=status, note=note)
+        logging.info("auto trial %s jit_compile=%s %s: %s", *key, status, note)
+
+    def live(self, keys):
+        return [k for k in keys if self.rows[k]["status"] is None]
+
+
+def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), batch_size=None,
+                    warmup=2, steps=8, rounds=3, drop_slower_than=3.0, first_steps=2,
+                    first_step_slower_than=10.0, min_speedup=MIN_SPEEDUP,
+                    budget_seconds=budget.DEFAULT, steps_per_epoch=None, advice=None,
+                    clock=time.perf_counter):
+    """The precision/XLA search of `auto_select` around any `measure` function.
 
     First every precision is timed without XLA, then XLA on and off for the
-    fastest precision (a coordinate search: 4 settings instead of 6 for
-    `--precision=auto --jit_compile=auto`). Each setting trains its own copy of
-    `model` (same weights; `model` itself is untouched), compiled and warmed up
-    first; then the settings take turns for `rounds` rounds of `steps` steps,
-    so that other load on the machine hits them alike, and each keeps its best
-    round (the median step time of a round; contention only ever slows a
-    round down). A setting more than `drop_slower_than` times slower than the
-    best after a round cannot win and is not timed again. A round of a setting
-    is cut to the steps that fit in `drop_slower_than` times the fastest
-    setting's round (at least one; paced by the last step time known, the
-    warm-up's at first), so that a setting 100x slower (float16 on most CPUs)
-    costs a few steps, not a long round. The baseline is
-    float32 without XLA (or the one precision given, without XLA), and another
-    setting wins only if it measured at least `min_speedup` times faster (5%
-    by default: smaller gaps are within a short trial's noise, and XLA or half
-    precision bring costs of their own), so the choice is never slower than
-    the baseline as measured. The global policy is restored.
+    fastest precision (a coordinate search: 4 settings instead of 6 for both
+    `auto`). Each setting runs, in this order: `first_steps` steps on a small
+    batch (the same for every setting; the first step traces the train step),
+    and is dropped if the fastest of the others is over
+    `first_step_slower_than` times the baseline's (up to 3 times over, after
+    two more steps); `warmup` full-batch steps
+    (tracing again for the full shape);
+    then the settings take turns for `rounds` rounds of up to `steps` timed
+    steps, so that other load hits them alike, each keeping its best round (a
+    round's median step time). A round is cut to the steps that fit in
+    `drop_slower_than` times the fastest setting's round, and a setting more
+    than `drop_slower_than` times slower than the fastest after a round is
+    dropped. The budget is shared equally by the settings: what a setting's
+    calls take (copying, compiling, tracing, steps) counts against its share,
+    each call ends after the step that spends it, a warm-up is not started
+    when the share left is less than the baseline's warm-up scaled by how much
+    longer this setting's first steps took, a round gets the steps its pace
+    says fit, and a setting out of budget keeps the rounds it had. The
+    baseline is float32 without XLA (or the one precision given); another
+    setting wins only if at least `min_speedup` times faster (see
+    `choose_fastest`).
+
+    Args:
+      measure: `fn(key, kind, steps, deadline) -> [seconds of each step run]`
+        for key (precision, jit_compile), kind `FIRST` (small batch), `WARMUP`
+        or `ROUND` (full batch; a round's first step is not timed), running
+        up to `steps` steps and stopping after the step that passes `deadline`
+        (a `clock()` value). It runs under the key's global policy. An object
+        with a `release(key)` method is told when a copy is no longer needed.
+      precisions, jit_options: the candidates.
+      batch_size: the global batch size, for examples/s in the table (None: not shown).
+      warmup, steps, rounds, drop_slower_than, first_steps,
+        first_step_slower_than: see above.
+      min_speedup: see `choose_fastest`.
+      budget_seconds: the trials' wall-clock budget: seconds, `budget.DEFAULT`
+        (10% of one epoch of `steps_per_epoch` baseline steps, or 60 s,
+        whichever is larger) or None (unlimited).
+      steps_per_epoch: training steps per epoch, for the default budget.
+      advice: `fn(precision) -> [warnings]` (e.g. `precision_advice`); the
+        first warning is added to the note of a setting that did not win.
+      clock: the clock the budget is measured on.
+
+    Returns:
+      An `AutoChoice`.
+    """
+    precisions = tuple(precision.check_precision(p) for p in precisions)
+    jit_options = tuple(bool(j) for j in jit_options)
+    if not precisions or not jit_options:
+        raise ConfigError("auto_select needs at least one precision and one jit_compile option")
+    first_jit = False if False in jit_options else jit_options[0]
+    baseline = ("float32" if "float32" in precisions else precisions[0], first_jit)
+    s = _Search(measure, baseline, len(precisions) + len(jit_options) - 1, budget_seconds,
+                steps_per_epoch, clock)
+    first, cost = {}, {}  # the fastest first step (after tracing); what each call took
+
+    def begin(key):
+        # The baseline takes one step more, for a steadier reference; a setting just over the
+        # limit two more (one hiccup must not drop it), one far over the limit none.
+        times = s.run(key, FIRST, first_steps + (key == baseline))
+        first[key], cost[key, FIRST] = min(times[1:] or times), s.rows[key]["last"]
+        ratio = first[key] / first[baseline]
+        if key != baseline and first_step_slower_than < ratio <= 3 * first_step_slower_than:
+            first[key] = min(first[key], *s.run(key, FIRST, 2))
+            cost[key, FIRST] += s.rows[key]["last"]
+            ratio = first[key] / first[baseline]
+        if key != baseline and ratio > first_step_slower_than:
+            return s.end(key, DROPPED, f"first steps {ratio:.0f}x slower than {baseline[0]}"
+                         f"{' with XLA' if baseline[1] else ''}'s (limit "
+                         f"{first_step_slower_than:g}x): no full-batch step")
+        # The baseline's warm-up, scaled by how much longer this setting's first steps took
+        # (tracing, XLA compilation and steps alike), is what this one's will take.
+        expected = cost[baseline, WARMUP] * cost[key, FIRST] / cost[baseline, FIRST] \
+            if key != baseline else 0.0
+        if key != baseline and expected > s.left(key):
+            return s.end(key, BUDGET_SPENT, f"{max(s.left(key), 0):.1f} s of its share left, "
+                         f"its full-batch warm-up would take about {expected:.1f} s")
+        times = s.run(key, WARMUP, warmup)
+        s.rows[key]["pace"], cost[key, WARMUP] = times[-1], s.rows[key]["last"]
+        if key == baseline:  # the fallback must have a timing, even out of budget
+            s.rows[key]["timing"] = min(times[1:] or times)
+
+    def timed(keys):
+        for r in range(rounds):
+            live = s.live(keys)
+            if not live:
+                return
+            pace = {k: s.rows[k]["timing"] or s.rows[k]["pace"] for k in live}
+            cap = drop_slower_than * steps * min(pace.values())
+            for key in live:
+                n = max(1, min(steps, int(cap / pace[key])))
+                n = int(min(n, s.left(key) / pace[key] - 1))  # what is left of its share
+                if n < 1:
+                    done = s.rows[key]["rounds"]
+                    s.end(key, BUDGET_SPENT, f"its {s.rows[key]['seconds']:.1f} s share spent "
+                          + (f"after {done} round(s)" if done else "before a timed round"))
+                    continue
+                times = s.run(key, ROUND, 1 + n)[1:]  # a fit call's first step is slower
+                if times:
+                    row = s.rows[key]
+                    seconds = statistics.median(times)
+                    row["timing"] = min(row["timing"] or seconds, seconds)
+                    row["rounds"] += 1
+            timed_keys = [k for k in s.live(keys) if s.rows[k]["timing"]]
+            fastest = min((s.rows[k]["timing"] for k in timed_keys), default=None)
+            for key in timed_keys:
+                ratio = s.rows[key]["timing"] / fastest
+                if ratio > drop_slower_than:
+                    s.end(key, DROPPED, f"{ratio:.1f}x slower than the fastest after round "
+                          f"{r + 1} (limit {drop_slower_than:g}x)")
+
+    try:
+        stage1 = [(p, first_jit) for p in sorted(precisions, key=lambda p: p != baseline[0])]
+        for key in stage1:
+            begin(key)
+        timed(stage1)
+        timings = {k: r["timing"] for k, r in s.rows.items() if r["timing"]}
+        best_precision = choose_fastest(timings, baseline, min_speedup)[0]
+        for key in [k for k in stage1 if k[0] != best_precision and k != baseline]:
+            getattr(measure, "release", lambda key: None)(key)
+        stage2 = [(best_precision, jit) for jit in jit_options]
+        if len(stage2) > 1:
+            for key in stage2:
+                if key not in s.rows:
+                    begin(key)
+                elif s.rows[key]["status"] == MEASURED:
+                    s.rows[key]["status"] = None
+            timed(stage2)
+    finally:
+        getattr(measure, "release", lambda key: None)(None)
+    timings = {k: r["timing"] for k, r in s.rows.items() if r["timing"]}
+    chosen = choose_fastest(timings, baseline, min_speedup)
+    table = []
+    for key, r in s.rows.items():
+        row = {"precision": key[0], "jit_compile": key[1], "status": r["status"] or MEASURED}
+        if r["timing"]:
+            row["ms_per_step"] = 1000 * r["timing"]
+            if batch_size:
+                row["examples_per_sec"] = batch_size / r["timing"]
+            row["speedup"] = timings[baseline] / r["timing"]
+        notes = [r["note"]] + ((advice(key[0]) or [""])[:1] if advice and key != chosen else [])
+        table.append(dict(row, rounds=r["rounds"], seconds=r["seconds"],
+                          note="; ".join(n for n in notes if n)))
+    return AutoChoice(precision=chosen[0], jit_compile=chosen[1], table=tuple(table),
+                      seconds=clock() - s.start, budget_seconds=s.total())
+
+
+class _CopyTrials:
+    """`measure` for `search_settings`: one copy of `model` per setting, trained on `dataset`."""
+
+    def __init__(self, model, dataset, compile_fn, first_batch):
+        self.model, self.dataset, self.compile_fn = model, dataset, compile_fn
+        self.small = dataset.unbatch().batch(first_batch, drop_remainder=True)
+        self.copies = {}
+
+    def __call__(self, key, kind, steps, deadline):
+        if key not in self.copies:  # same weights; `model` itself is untouched
+            self.copies[key] = precision.apply_precision(self.model, key[0], copy=True)
+            self.compile_fn(self.copies[key], *key)
+        return budget.timed_steps(self.copies[key], self.small if kind == FIRST else self.dataset,
+                                  steps, deadline)
+
+    def release(self, key):
+        """Forgets the copy of `key` (None: all of them, and frees Keras's memory)."""
+        if key is None:
+            self.copies.clear()
+            memory.free_memory()
+        else:
+            self.copies.pop(key, None)
+
+
+def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
+                compile_fn=None, budget_seconds=budget.DEFAULT, steps_per_epoch=None,
+                batch_multiple=1, gpus=None, cpu_flags=None, **search):
+    """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
+
+    Each setting trains its own copy of `model` (same weights; `model` is
+    untouched); see `search_settings` for the search, its budget and its
+    rules. The global policy is restored.
 
     Example:
 
-        choice = auto_select(model, train_ds, batch_size=64)
+        choice = auto_select(model, train_ds, batch_size=64, steps_per_epoch=100)
         print(choice.precision, choice.jit_compile)
 
     Args:
@@ -124,208 +327,20 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
       jit_options: candidate XLA settings, e.g. (False, True) or (False,).
       compile_fn: `fn(model, precision, jit_compile)` compiling a copy as training
         will (default: classifier loss, Adam, loss scaling for float16).
-      warmup: untimed steps of each setting (tracing, XLA compilation).
-      steps: timed steps per round.
-      rounds: timed rounds per setting.
-      drop_slower_than: see above.
-      min_speedup: see `choose_fastest`.
+      budget_seconds, steps_per_epoch: the time budget (see `search_settings`).
+      batch_multiple: the first steps' small batch (`budget.first_step_batch`) is a
+        multiple of this (replicas x gradient accumulation steps).
+      gpus, cpu_flags: the hardware `precision_advice` describes in the notes
+        of the settings that lost (default: this machine's).
+      **search: `warmup`, `steps`, `rounds`, `drop_slower_than`, `first_steps`,
+        `first_step_slower_than`, `min_speedup` of `search_settings`.
 
     Returns:
-      An `AutoChoice` whose table lists every setting tried.
+      An `AutoChoice` whose table lists every setting tried, and why any was dropped.
     """
-    precisions = tuple(precision.check_precision(p) for p in precisions)
-    jit_options = tuple(bool(j) for j in jit_options)
-    if not precisions or not jit_options:
-        raise ConfigError("auto_select needs at least one precision and one jit_compile option")
-    compile_fn = compile_fn or _default_compile
-    first_jit = False if False in jit_options else jit_options[0]
-    baseline = ("float32" if "float32" in precisions else precisions[0], first_jit)
-    copies, timings, measured_rounds, probes = {}, {}, {}, {}
-
-    def prepare(key):
-        with precision.precision_scope(key[0]):
-            copies[key] = precision.apply_precision(model, key[0], copy=True)
-            compile_fn(copies[key], *key)
-            probes[key] = monitor.time_training(copies[key], dataset, batch_size, warmup,
-                                                1)["seconds_per_step"]
-
-    def measure(keys):
-        active = list(keys)
-        for _ in range(rounds):
-            pace = {k: timings.get(k, probes[k]) for k in active}
-            budget = drop_slower_than * steps * min(pace.values())
-            for key in active:  # a far slower setting gets fewer steps (>= 1), not a long round
-                n = max(1, min(steps, int(budget / pace[key])))
-                seconds = monitor.time_training(copies[key], dataset, batch_size, 1,
-                                                n)["seconds_per_step"]
-                timings[key] = min(timings.get(key, float("inf")), seconds)
-                measured_rounds[key] = measured_rounds.get(key, 0) + 1
-                logging.info("auto trial %s jit_compile=%s: %.2f ms/step", *key, 1000 * seconds)
-            fastest = min(timings[k] for k in active)
-            active = [k for k in active if timings[k] <= drop_slower_than * fastest]
-
-    try:
-        stage1 = [(p, first_jit) for p in sorted(precisions, key=lambda p: p != baseline[0])]
-        for key in stage1:
-            prepare(key)
-        measure(stage1)
-        best_precision = choose_fastest(timings, baseline, min_speedup)[0]
-        for key in [k for k in stage1 if k[0] != best_precision and k != baseline]:
-            del copies[key]
-        stage2 = [(best_precision, jit) for jit in jit_options]
-        if len(stage2) > 1:
-            for key in stage2:
-                if key not in copies:
-                    prepare(key)
-            measure(stage2)
-    finally:
-        copies.clear()
-        memory.free_memory()
-    table = tuple({"precision": p, "jit_compile": j, "ms_per_step": 1000 * t,
-                   "examples_per_sec": batch_size / t, "speedup": timings[baseline] / t,
-                   "rounds": measured_rounds[(p, j)]} for (p, j), t in timings.items())
-    chosen = choose_fastest(timings, baseline, min_speedup)
-    return AutoChoice(precision=chosen[0], jit_compile=chosen[1], table=table)
-
-
-# ---------------------------------------------------------------- batch size
-
-OK, OUT_OF_MEMORY, OVER_BUDGET = "ok", "out of memory", "over memory budget"
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchSizeResult:
-    """The chosen batch size and one row per size tried."""
-
-    batch_size: int
-    table: tuple
-    """Dicts: batch_size, status, examples_per_sec, ms_per_step, peak_memory_mb."""
-
-
-def candidate_sizes(start=16, max_batch_size=1024):
-    """Powers of two from `start` up to `max_batch_size` (inclusive)."""
-    if start < 1 or max_batch_size < start:
-        raise ConfigError(f"batch-size search range {start}..{max_batch_size} is empty: need "
-                          "1 <= start <= max_batch_size")
-    sizes, size = [], int(start)
-    while size <= max_batch_size:
-        sizes.append(size)
-        size *= 2
-    return sizes
-
-
-def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2):
-    """Tries `candidates` in order with `measure`; returns the fastest that fit.
-
-    Args:
-      measure: `fn(batch_size) -> {'examples_per_sec', 'seconds_per_step',
-        'peak_memory_mb'}`; raises `tf.errors.ResourceExhaustedError` when out of memory.
-      candidates: increasing batch sizes.
-      memory_budget_mb: a size whose peak memory exceeds this is rejected and
-        ends the search (None: no budget).
-      patience: stop after this many sizes in a row without a new best throughput.
-
-    Returns:
-      A `BatchSizeResult`.
-
-    Raises:
-      ConfigError: not even the first candidate fits.
-    """
-    table, best, since_best = [], None, 0
-    for size in candidates:
-        try:
-            m = measure(size)
-        except tf.errors.ResourceExhaustedError:
-            table.append({"batch_size": size, "status": OUT_OF_MEMORY})
-            logging.info("batch size %d: out of memory", size)
-            break
-        row = {"batch_size": size, "status": OK, "examples_per_sec": m["examples_per_sec"],
-               "ms_per_step": 1000 * m["seconds_per_step"], "peak_memory_mb": m["peak_memory_mb"]}
-        if memory_budget_mb is not None and m["peak_memory_mb"] > memory_budget_mb:
-            row["status"] = OVER_BUDGET
-            table.append(row)
-            break
-        table.append(row)
-        logging.info("batch size %d: %.0f examples/s", size, row["examples_per_sec"])
-        if best is None or row["examples_per_sec"] > best["examples_per_sec"]:
-            best, since_best = row, 0
-        else:
-            since_best += 1
-            if since_best >= patience:
-                break
-    if best is None:
-        raise ConfigError(f"no batch size fits: {table[0]['batch_size']} already ran "
-                          f"{table[0]['status']}; lower the start size, raise the memory budget "
-                          "or use a smaller model")
-    return BatchSizeResult(batch_size=best["batch_size"], table=tuple(table))
-
-
-def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, steps=5):
-    """Throughput and peak memory of training a copy of `model` at `batch_size`.
-
-    Args:
-      model: a built Functional or Sequential tf_keras model (left untouched).
-      dataset: the unbatched training dataset of `(x, y)`, or `fn(batch_size)`
-        returning the batched one (e.g. built by `tfaccel.data.build_pipeline`).
-      batch_size: global batch size to try.
-      compile_fn: `fn(model)` compiling the copy as training will (default:
-        classifier loss, Adam, loss scaling under mixed_float16).
-      warmup, steps: untimed and timed steps.
-
-    Returns:
-      {'examples_per_sec', 'seconds_per_step', 'steps_per_sec', 'peak_memory_mb'}.
-    """
-    try:
-        trial = keras.models.clone_model(model)
-    except ValueError as e:
-        raise ModelError(f"batch-size search needs a Functional or Sequential model to copy, "
-                         f"{model.name!r} is not ({first_line(e)})") from None
-    trial.set_weights(model.get_weights())
-    (compile_fn or _default_compile)(trial)
-    if callable(dataset):
-        batches = dataset(batch_size)
-    else:
-        batches = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    memory.reset_peak_memory()
-    try:
-        measured = monitor.time_training(trial, batches, batch_size, warmup, steps)
-        measured["peak_memory_mb"] = max(memory.peak_memory_mb().values())
-    finally:
-        del trial
-        memory.free_memory()
-    return measured
-
-
-def default_memory_budget_mb():
-    """On CPU: current RSS plus half the memory still available; None with GPUs (OOM decides)."""
-    import psutil
-
-    if memory.gpu_devices():
-        return None
-    return memory.rss_mb() + 0.5 * psutil.virtual_memory().available / (1024 * 1024)
-
-
-def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=1024,
-                    memory_budget_mb="default", patience=2, warmup=2, steps=5):
-    """Searches growing batch sizes on the real model and data (see module doc).
-
-    Args:
-      model: a built Functional or Sequential tf_keras model (left untouched).
-      dataset: the unbatched training dataset, or `fn(batch_size)` returning
-        the batched one.
-      compile_fn: see `measure_batch_size`.
-      start, max_batch_size: the range of powers of two to try.
-      memory_budget_mb: peak-memory budget in MB; 'default' uses
-        `default_memory_budget_mb()`, None disables it.
-      patience: see `search_batch_size`.
-      warmup, steps: untimed and timed steps per size.
-
-    Returns:
-      A `BatchSizeResult`.
-    """
-    if memory_budget_mb == "default":
-        memory_budget_mb = default_memory_budget_mb()
-    candidates = candidate_sizes(start, max_batch_size)
-    return search_batch_size(
-        lambda size: measure_batch_size(model, dataset, size, compile_fn, warmup, steps),
-        candidates, memory_budget_mb=memory_budget_mb, patience=patience)
+    trials = _CopyTrials(model, dataset, compile_fn or default_compile,
+                         budget.first_step_batch(batch_size, batch_multiple))
+    return search_settings(
+        trials, precisions, jit_options, batch_size, budget_seconds=budget_seconds,
+        steps_per_epoch=steps_per_epoch, **search,
+        advice=lambda name: precision.precision_advice(name, gpus, cpu_flags))

@@ -19,6 +19,7 @@ import json
 import math
 import os
 
+from tfaccel import _compat
 from tfaccel.choices import OPTIMIZERS
 from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.io import atomic_path
@@ -102,8 +103,11 @@ def read_finished_run(model_dir, metrics_name="metrics.json",
     return metrics
 
 
+_MAX_PENDING = 1000  # steps whose losses StopOnNonFiniteLoss keeps unread at most
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Stops `fit` with a `TrainingError` at the first step whose loss is NaN or infinite.
+    """Stops `fit` with a `TrainingError` naming the first step whose loss is NaN or infinite.
 
     Keras's `TerminateOnNaN` only sets `stop_training`: `fit` then returns as if
     it had finished, and what comes next (evaluation, export, a report) runs on
@@ -111,6 +115,15 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     ends the program before those are written; recipes turn it into one
     `error:` line and exit code 2. A `BackupAndRestore` backup of the last
     finished epoch is kept (Keras deletes nothing when `fit` raises).
+
+    The losses are read every `check_every_n_steps` steps and at each epoch's
+    end, before the callbacks after it in the list back up or log that epoch,
+    never at each step: a per-step read makes the host wait for every step
+    (on a GPU, it stops queueing the next one) and makes Keras convert every
+    step's logs. The step named is still the first non-finite one (Keras's
+    running mean of the loss stays non-finite from that step on), and
+    `resume.PeriodicBackup` backs up no step from there on. The learning rate
+    named is the one at the check.
 
     The message names the likely cause: a loss already non-finite at the very
     first step, before any update, comes from the data (or the model's
@@ -122,24 +135,54 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         model.fit(train_ds, epochs=10, callbacks=[training.StopOnNonFiniteLoss()])
         # TrainingError: the training loss became nan at epoch 3, step 7 (learning rate 10): ...
 
+    Args:
+      check_every_n_steps: read the losses this often within an epoch (None:
+        at the epoch's end, and every 1000 steps of a long epoch).
+
     Raises:
-      TrainingError: from `fit`, at the first non-finite loss.
+      TrainingError: from `fit`, at the first check after a non-finite loss.
     """
 
-    def __init__(self):
+    def __init__(self, check_every_n_steps=None):
         super().__init__()
+        if check_every_n_steps is not None and int(check_every_n_steps) < 1:
+            raise ConfigError(f"check_every_n_steps={check_every_n_steps} must be at least 1 "
+                              "(or None: at each epoch's end)")
+        self.check_every_n_steps = check_every_n_steps and int(check_every_n_steps)
+        _compat.takes_logs_as_tensors(self)  # it keeps the loss tensors and reads them later
         self._epoch = 0
+        self._pending = []  # (batch, steps seen this epoch, loss tensor) not yet read
+        self._start_step = 0
+        self._steps_seen = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._pending = []
+        # Steps done before this epoch (a resumed run counts on): tells the first update ever.
+        self._start_step = int(self.model.optimizer.iterations.numpy())
+        self._steps_seen = 0
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
-        if loss is None or math.isfinite(float(loss)):
+        self._steps_seen += 1
+        if loss is None:
             return
-        # The model's first update ever (not this process's: a resumed run counts on).
-        first = int(self.model.optimizer.iterations) <= 1
-        raise TrainingError(self._message(float(loss), batch, first))
+        self._pending.append((batch, self._steps_seen, loss))
+        if len(self._pending) >= (self.check_every_n_steps or _MAX_PENDING):
+            self._check()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check()
+
+    def _check(self):
+        pending, self._pending = self._pending, []
+        if not pending or math.isfinite(float(pending[-1][2])):  # the running mean: one read
+            return
+        for batch, seen, loss in pending:
+            value = float(loss)
+            if not math.isfinite(value):
+                first = self._start_step + seen <= 1  # the model's first update ever
+                raise TrainingError(self._message(value, batch, first))
 
     def _message(self, loss, batch, first):
         from tfaccel.summaries import current_learning_rate

@@ -1,0 +1,231 @@
+"""`--batch_size=auto`: timed trials of growing batch sizes, under a time budget.
+
+`find_batch_size` trains a copy of the model at growing batch sizes (16, 32,
+64, ... by default), a few timed steps each, and stops at the first
+out-of-memory error (GPU), at the first size whose peak memory exceeds a
+budget (CPU, where running out of memory means swapping or being killed
+instead of an error), when throughput has stopped improving, or when its time
+budget is spent (by default 10% of one epoch at the best size so far, or 60 s,
+whichever is larger: `tfaccel.performance.budget`). A size is not started when
+it would take more than the budget left (its predicted cost: the last size's
+times the ratio of sizes). It returns the size with the highest examples/s and
+the table of everything it measured or skipped, and says why it stopped.
+`search_batch_size` is the same search around any `measure` function, which is
+how the stopping rules are tested. A larger batch changes the optimization, not
+just the speed: consider scaling the learning rate with it.
+
+Example:
+
+    from tfaccel.performance import batch_search
+
+    result = batch_search.find_batch_size(model, splits.train, max_batch_size=512)
+    print(result.batch_size, result.stopped)
+    for row in result.table:
+        print(row)
+"""
+
+import dataclasses
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from tfaccel import monitor
+from tfaccel.errors import ConfigError, ModelError, first_line
+from tfaccel.keras import keras
+from tfaccel.performance import budget, memory, precision
+from tfaccel.train.training import compile_classifier
+
+OK, OUT_OF_MEMORY, OVER_BUDGET = "ok", "out of memory", "over memory budget"
+NOT_TRIED = "not tried"
+"""The status of a size the time budget left no room for."""
+
+
+def default_compile(model, precision_name=None, jit_compile=False):
+    """Compiles a trial copy as a classifier with Adam, loss-scaled under float16.
+
+    `precision_name` defaults to the global policy (the one the copy was built under).
+    """
+    name = precision_name or keras.mixed_precision.global_policy().name
+    compile_classifier(model, precision.wrap_optimizer(keras.optimizers.Adam(1e-3), name),
+                       jit_compile=jit_compile)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult:
+    """The chosen batch size and one row per size tried."""
+
+    batch_size: int
+    table: tuple
+    """Dicts: batch_size, status, examples_per_sec, ms_per_step, peak_memory_mb, seconds
+    (a size not tried has a `note` instead)."""
+    seconds: float = 0.0
+    """Wall time of the whole search."""
+    budget_seconds: float = float("inf")
+    """The time budget it had (inf: none)."""
+    stopped: str = ""
+    """Why the search ended before the last candidate ('' when it did not)."""
+
+
+def candidate_sizes(start=16, max_batch_size=1024):
+    """Powers of two from `start` up to `max_batch_size` (inclusive)."""
+    if start < 1 or max_batch_size < start:
+        raise ConfigError(f"batch-size search range {start}..{max_batch_size} is empty: need "
+                          "1 <= start <= max_batch_size")
+    sizes, size = [], int(start)
+    while size <= max_batch_size:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
+                      budget_seconds=None, num_examples=None, clock=time.perf_counter):
+    """Tries `candidates` in order with `measure`; returns the fastest that fit.
+
+    Args:
+      measure: `fn(batch_size) -> {'examples_per_sec', 'seconds_per_step',
+        'peak_memory_mb'}`; raises `tf.errors.ResourceExhaustedError` when out of memory.
+      candidates: increasing batch sizes.
+      memory_budget_mb: a size whose peak memory exceeds this is rejected and
+        ends the search (None: no budget).
+      patience: stop after this many sizes in a row without a new best throughput.
+      budget_seconds: wall seconds the search may take: a number, 'default'
+        (10% of one epoch of `num_examples` at the best throughput so far, or
+        60 s, whichever is larger) or None (no time budget).
+      num_examples: examples in one epoch, for the default budget.
+      clock: the clock the budget is measured on.
+
+    Returns:
+      A `BatchSizeResult`.
+
+    Raises:
+      ConfigError: not even the first candidate fits.
+    """
+    table, best, since_best, stopped = [], None, 0, ""
+    start = clock()
+    last = None  # (size, seconds) of the last size measured
+    for size in candidates:
+        epoch = num_examples / best["examples_per_sec"] if best and num_examples else None
+        total = budget.resolve_budget(budget_seconds, epoch)
+        left = total - (clock() - start)
+        needed = last[1] * size / last[0] if last else 0.0
+        if last and needed > left:
+            stopped = (f"time budget of {total:.0f} s: {max(left, 0):.0f} s left, size {size} "
+                       f"would take about {needed:.0f} s")
+            table.append({"batch_size": size, "status": NOT_TRIED, "note": stopped})
+            logging.info("batch size search stopped: %s", stopped)
+            break
+        began = clock()
+        try:
+            m = measure(size)
+        except tf.errors.ResourceExhaustedError:
+            table.append({"batch_size": size, "status": OUT_OF_MEMORY})
+            logging.info("batch size %d: out of memory", size)
+            stopped = f"size {size} ran out of memory"
+            break
+        last = (size, clock() - began)
+        row = {"batch_size": size, "status": OK, "examples_per_sec": m["examples_per_sec"],
+               "ms_per_step": 1000 * m["seconds_per_step"], "peak_memory_mb": m["peak_memory_mb"],
+               "seconds": last[1]}
+        if memory_budget_mb is not None and m["peak_memory_mb"] > memory_budget_mb:
+            row["status"] = OVER_BUDGET
+            table.append(row)
+            stopped = f"size {size} went over the memory budget of {memory_budget_mb:.0f} MB"
+            break
+        table.append(row)
+        logging.info("batch size %d: %.0f examples/s", size, row["examples_per_sec"])
+        if best is None or row["examples_per_sec"] > best["examples_per_sec"]:
+            best, since_best = row, 0
+        else:
+            since_best += 1
+            if since_best >= patience:
+                stopped = f"{patience} sizes in a row without a faster one"
+                break
+    if best is None:
+        raise ConfigError(f"no batch size fits: {table[0]['batch_size']} already ran "
+                          f"{table[0]['status']}; lower the start size, raise the memory budget "
+                          "or use a smaller model")
+    epoch = num_examples / best["examples_per_sec"] if num_examples else None
+    return BatchSizeResult(batch_size=best["batch_size"], table=tuple(table),
+                           seconds=clock() - start,
+                           budget_seconds=budget.resolve_budget(budget_seconds, epoch),
+                           stopped=stopped)
+
+
+def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, steps=5):
+    """Throughput and peak memory of training a copy of `model` at `batch_size`.
+
+    Args:
+      model: a built Functional or Sequential tf_keras model (left untouched).
+      dataset: the unbatched training dataset of `(x, y)`, or `fn(batch_size)`
+        returning the batched one (e.g. built by `tfaccel.data.build_pipeline`).
+      batch_size: global batch size to try.
+      compile_fn: `fn(model)` compiling the copy as training will (default:
+        classifier loss, Adam, loss scaling under mixed_float16).
+      warmup, steps: untimed and timed steps.
+
+    Returns:
+      {'examples_per_sec', 'seconds_per_step', 'steps_per_sec', 'peak_memory_mb'}.
+    """
+    try:
+        trial = keras.models.clone_model(model)
+    except ValueError as e:
+        raise ModelError(f"batch-size search needs a Functional or Sequential model to copy, "
+                         f"{model.name!r} is not ({first_line(e)})") from None
+    trial.set_weights(model.get_weights())
+    (compile_fn or default_compile)(trial)
+    if callable(dataset):
+        batches = dataset(batch_size)
+    else:
+        batches = dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    memory.reset_peak_memory()
+    try:
+        measured = monitor.time_training(trial, batches, batch_size, warmup, steps)
+        measured["peak_memory_mb"] = max(memory.peak_memory_mb().values())
+    finally:
+        del trial
+        memory.free_memory()
+    return measured
+
+
+def default_memory_budget_mb():
+    """On CPU: current RSS plus half the memory still available; None with GPUs (OOM decides)."""
+    import psutil
+
+    if memory.gpu_devices():
+        return None
+    return memory.rss_mb() + 0.5 * psutil.virtual_memory().available / (1024 * 1024)
+
+
+def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=1024,
+                    memory_budget_mb="default", patience=2, warmup=2, steps=5,
+                    budget_seconds=budget.DEFAULT, num_examples=None):
+    """Searches growing batch sizes on the real model and data (see module doc).
+
+    Args:
+      model: a built Functional or Sequential tf_keras model (left untouched).
+      dataset: the unbatched training dataset, or `fn(batch_size)` returning
+        the batched one.
+      compile_fn: see `measure_batch_size`.
+      start, max_batch_size: the range of powers of two to try.
+      memory_budget_mb: peak-memory budget in MB; 'default' uses
+        `default_memory_budget_mb()`, None disables it.
+      patience: see `search_batch_size`.
+      warmup, steps: untimed and timed steps per size.
+      budget_seconds, num_examples: the time budget, see `search_batch_size`
+        (`num_examples` defaults to the cardinality of an unbatched `dataset`).
+
+    Returns:
+      A `BatchSizeResult`.
+    """
+    if memory_budget_mb == "default":
+        memory_budget_mb = default_memory_budget_mb()
+    if num_examples is None and isinstance(dataset, tf.data.Dataset):
+        count = int(dataset.cardinality())
+        num_examples = count if count > 0 else None
+    candidates = candidate_sizes(start, max_batch_size)
+    return search_batch_size(
+        lambda size: measure_batch_size(model, dataset, size, compile_fn, warmup, steps),
+        candidates, memory_budget_mb=memory_budget_mb, patience=patience,
+        budget_seconds=budget_seconds, num_examples=num_examples)
