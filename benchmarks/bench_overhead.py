@@ -48,15 +48,6 @@ _HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
           "on_test_batch_begin", "on_test_batch_end")
 
 
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f
-                         if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
-
-
 def _time_hooks(callbacks, calls, clock):
     """Wraps each hook a callback overrides so that its calls land in `calls[name]` as
     (start, seconds). Hooks a callback leaves to `Callback` stay unwrapped: Keras decides
@@ -206,11 +197,7 @@ def main(argv):
     rows += [{"what": f"  {c['callback']}", "median_ms": c["median_ms"], "mean_ms": c["mean_ms"],
               "max_ms": c["max_ms"]} for c in callbacks]
     table = summaries.markdown_table(rows, ["what", "median_ms", "mean_ms", "max_ms"])
-    flags_cpu = doctor.cpu_flags()
-    matrix = sorted(doctor.instruction_name(f) for names in
-                    doctor.matrix_instructions(flags_cpu).values() for f in names)
-    machine = (f"{_cpu_model()}, {os.cpu_count()} cores, matrix instructions: "
-               f"{', '.join(matrix) or 'none'}")
+    machine = doctor.machine_summary()
     verdict = (f"{'PASS' if met else 'FAIL'}  steady epoch ratio recipe/bare {ratio:.3f} "
                f"(target <= {target:.2f}, bare epochs {'>=' if kind == 'long' else '<'} "
                f"{LONG_EPOCH_SECONDS:g} s); ratio of means {mean_ratio:.3f}; per round "

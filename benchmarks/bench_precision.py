@@ -36,7 +36,7 @@ _cli.define_output_dir("runs/bench_precision", "Where results.json, the chart an
 
 def main(argv):
     del argv  # stray arguments were rejected with the flags
-    from tfaccel import data, io, monitor
+    from tfaccel import data, doctor, io, monitor
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
     from tfaccel.performance import memory, precision
@@ -80,13 +80,15 @@ def main(argv):
     for row in rows:
         row["vs_float32"] = row["examples_per_sec"] / base["examples_per_sec"]
     label = f"{common.model_label()} on {FLAGS.dataset}, batch {FLAGS.batch_size}"
-    title = f"{label}: examples/s (vs {base['precision']} jit={base['jit_compile']})"
+    title = (f"{label}: examples/s (vs {base['precision']} jit={base['jit_compile']}); "
+             f"{doctor.machine_summary()}")
     table = monitor.write_trial_report(os.path.join(FLAGS.output_dir, "logs"), "bench/precision",
                                        rows, ["precision", "jit_compile"], "examples_per_sec",
                                        path=os.path.join(FLAGS.output_dir, "precision.png"),
                                        title=title)
     io.write_json(os.path.join(FLAGS.output_dir, "results.json"),
                   {"model": common.model_label(), "dataset": FLAGS.dataset,
+                   "machine": doctor.machine_summary(),
                    "batch_size": FLAGS.batch_size, "warmup": FLAGS.warmup, "steps": FLAGS.steps,
                    "repeats": FLAGS.repeats, "rows": rows})
     print(f"\n{title}\n{table}")

@@ -68,7 +68,7 @@ def run_recipe():
 
 def main(argv):
     del argv
-    from tfaccel import io
+    from tfaccel import doctor, io
     from tfaccel.compress import tflite_eval
 
     timing = {}
@@ -114,7 +114,7 @@ def main(argv):
         check("recipe wall time (minutes)", minutes, "< 10", minutes < 10)
 
     width = max(len(c["target"]) for c in checks)
-    print(f"\nreport: {report_path}")
+    print(f"\nreport: {report_path}\nmachine: {doctor.machine_summary()}")
     if timing:
         print(f"recipe: {timing['recipe_wall_seconds']:.0f} s wall, "
               f"{timing['recipe_cpu_seconds']:.0f} s CPU; load average "
@@ -127,7 +127,8 @@ def main(argv):
         print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']:<{width}}  {value:>8}  "
               f"(required {c['required']})")
     out = os.path.join(os.path.dirname(report_path), "bench_tflite.json")
-    io.write_json(out, {"checks": checks, "latency": latency, "timing": timing,
+    io.write_json(out, {"machine": doctor.machine_summary(), "checks": checks,
+                        "latency": latency, "timing": timing,
                         "report": report_path})
     print(f"wrote {out}")
 
