@@ -289,6 +289,18 @@ def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False
 FitCallbacks = collections.namedtuple("FitCallbacks", "callbacks backup throughput")
 
 
+def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
+    """The memory plan (`tfaccel.performance.plan`) of `model` trained with this run's flags,
+    `batch_size` examples per device; the device is --device_memory or the default one."""
+    from tfaccel.performance import devices, plan
+
+    memory = FLAGS.device_memory or devices.default_device_memory()[0]
+    return plan.plan_memory(model, plan.PlanSettings(
+        batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
+        grad_accum_steps=grad_accum_steps or FLAGS.grad_accum_steps, replicas=replicas,
+        device_memory=memory))
+
+
 def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print):
     """The train recipe's callbacks for `fit`, in the order they must run; what
     benchmarks/bench_overhead.py times against a bare `fit`.

@@ -196,6 +196,13 @@ def _check_auto_budget(value):
                           "> 0, or 0 for the default (10% of one epoch or 60 s)")
 
 
+def _check_device_memory(value):
+    if value is not None:
+        from tfaccel.performance import devices
+
+        devices.parse_device_memory(value)
+
+
 def define_performance_flags():
     """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
     flags.DEFINE_string("precision", "float32", f"{', '.join(choices.PRECISIONS)}, or auto: "
@@ -227,5 +234,14 @@ def define_performance_flags():
                        "candidates; 0: 10% of one epoch or 60 s, whichever is larger.",
                        module_name=PERFORMANCE)
     check_flag("auto_budget_seconds", _check_auto_budget)
+    flags.DEFINE_bool("plan", False, "Before training, print the memory plan of this run's "
+                      "settings (as `tfaccel plan`: per-device breakdown, verdict, changes that "
+                      "fit) and log it to TensorBoard (text and a chart).",
+                      module_name=PERFORMANCE)
+    flags.DEFINE_string("device_memory", None, "Memory of one device for --plan and "
+                        "--batch_size=auto (which skips sizes the plan says cannot fit): 24GB, "
+                        "16000MB or a card (rtx4090, a100-80gb, ...); default: the first GPU's, "
+                        "else the host's available RAM.", module_name=PERFORMANCE)
+    check_flag("device_memory", _check_device_memory)
     flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
                          "memory every N steps to TensorBoard; 0: off.", module_name=PERFORMANCE)

@@ -43,12 +43,20 @@ flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a fin
                   "of an unfinished run is still resumed.")
 
 
+def _plan_says_no(model, micro_batch, policy, replicas):
+    """Why the memory plan says one micro-batch of `micro_batch` per device cannot fit, or None."""
+    result = common.memory_plan(model, micro_batch, policy, replicas, grad_accum_steps=1)
+    return None if result.fits is not False else (
+        f"the memory plan needs {result.total / 1e9:.2f} GB per device, more than the device's "
+        f"{result.settings.device_memory / 1e9:.2f} GB less the framework margin")
+
+
 def main(argv):
     common.reject_extra_args(argv)
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, diagnose, precision, trials
+    from tfaccel.performance import accumulate, diagnose, plan, precision, trials
     from tfaccel.train import resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -108,7 +116,8 @@ def main(argv):
                 start=replicas * -(-16 // replicas), max_batch_size=FLAGS.max_batch_size,
                 memory_budget_mb=FLAGS.memory_budget_mb or "default",
                 budget_seconds=FLAGS.auto_budget_seconds or "default",
-                num_examples=splits.info.num_examples["train"])
+                num_examples=splits.info.num_examples["train"],
+                fits=lambda size: _plan_says_no(model, size // replicas, policy, replicas))
         FLAGS.batch_size = search.batch_size * FLAGS.grad_accum_steps
         print(f"batch size search:\n{summaries.markdown_table(list(search.table))}\n"
               f"--batch_size=auto chose {FLAGS.batch_size} (search {search.seconds:.1f} s of a "
@@ -164,6 +173,10 @@ def main(argv):
         monitor.write_trial_report(train_logdir, "performance/auto_precision", list(choice.table),
                                    ["precision", "jit_compile"], "examples_per_sec",
                                    path=os.path.join(model_dir, "auto_precision.png"))
+    if FLAGS.plan:  # the run's real settings: per-device batch, final precision, accumulation
+        result = common.memory_plan(model, per_replica_batch, policy, replicas)
+        print("memory plan:\n" + plan.write_plan(train_logdir, result,
+                                                 path=os.path.join(model_dir, "memory_plan.png")))
     if FLAGS.diagnose_input:
         diagnosis = diagnose.diagnose_input(model, train_ds, config=inputs.config)
         print(diagnosis.summary())

@@ -65,7 +65,9 @@ def check_only_chief_wrote(proc, model_dir, tmpdir):
     """Asserts that a 2-worker launch kept only the chief's files.
 
     Every event file under `model_dir` comes from worker 0's process (TensorBoard names them
-    `events.out.tfevents.<time>.<host>.<pid>...`), worker 1 wrote to a temporary folder that
+    `events.out.tfevents.<time>.<host>.<pid>.<n>`, with `.v2` after files TensorFlow's
+    summary ops write, without it after `summaries.ScalarFile`'s), worker 1 wrote to a
+    temporary folder that
     is gone, and no `tfaccel-worker*` folder is left in `tmpdir`. Returns `model_dir`'s names.
     """
     import re
@@ -76,7 +78,9 @@ def check_only_chief_wrote(proc, model_dir, tmpdir):
     assert set(pids) == {0, 1}, proc.stdout[-2000:]
     events = [name for _, _, names in os.walk(model_dir) for name in names
               if name.startswith("events.out.tfevents.")]
-    assert events and {name.rsplit(".", 3)[1] for name in events} == {pids[0]}, events
+    writers = {re.fullmatch(r"events\.out\.tfevents\.\d+\..+\.(\d+)\.\d+(\.v2)?", name).group(1)
+               for name in events}
+    assert events and writers == {pids[0]}, events
     assert not any("workertemp" in d for _, dirs, _ in os.walk(model_dir) for d in dirs)
     other = re.search(r"^\[worker 1\] wrote (\S+):", proc.stdout, re.MULTILINE).group(1)
     assert other != str(model_dir) and not os.path.exists(other)

@@ -17,8 +17,10 @@ from tfaccel import doctor, summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-NAMES = ("bench_data", "bench_overhead", "bench_precision", "bench_prune", "bench_tflite")
-WITH_OUTPUT_DIR = ("bench_data", "bench_overhead", "bench_precision", "bench_prune")
+NAMES = ("bench_data", "bench_memory", "bench_overhead", "bench_precision", "bench_prune",
+         "bench_tflite")
+WITH_OUTPUT_DIR = ("bench_data", "bench_memory", "bench_overhead", "bench_precision",
+                   "bench_prune")
 
 
 def _run(name, *args, timeout=600):
@@ -38,7 +40,8 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith(_docstring(name).splitlines()[0])
     own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
-           "bench_precision": "--precisions", "bench_overhead": "--rounds"}[name]
+           "bench_precision": "--precisions", "bench_overhead": "--rounds",
+           "bench_memory": "--configs"}[name]
     assert f"{own}:" in proc.stdout
     if name in WITH_OUTPUT_DIR:
         assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
@@ -225,3 +228,30 @@ def test_bench_tflite_runs_the_recipe_and_checks_each_target(tmp_path):
         result["timing"]["recipe_wall_seconds"] / 60)
     for c in result["checks"]:
         assert f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_memory", "--configs=cnn_sgd,resnet_bf16", "--repeats=2", "--steps=2",
+                f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads((out / "bench_memory.json").read_text())
+    assert report["machine"] == doctor.machine_summary()
+    rows = {r["config"]: r for r in report["rows"]}
+    assert set(rows) == {"cnn_sgd", "resnet_bf16"}
+    for r in rows.values():
+        assert len(r["measured_peaks"]) == 2 and r["measured_peak"] == max(r["measured_peaks"])
+        assert r["ratio"] == pytest.approx(r["predicted"] / r["measured_peak"])
+        assert r["predicted"] == sum(r["breakdown"].values())
+        assert r["parameters"] == r["count_params"]
+        assert 0.7 < r["ratio"] < 1.4  # the plan is near the measured peak, not just positive
+    assert rows["resnet_bf16"]["breakdown"]["16-bit weight casts"] > 0
+    assert rows["cnn_sgd"]["breakdown"]["optimizer slots"] == 0
+    assert proc.returncode == (0 if report["met"] else 1)
+    assert report["met"] == all(0.85 <= r["ratio"] <= 1.15 for r in rows.values())
+    width, height = _png_size(out / "bench_memory.png")
+    assert width > 0 and height > 0
+    logdir = str(out / "logs")
+    assert "cnn_sgd" in summaries.read_text(logdir)["bench/memory"]
+    assert "bench_memory/resnet_bf16_ratio" in summaries.read_scalars(logdir)

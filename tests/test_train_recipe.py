@@ -129,6 +129,7 @@ slow = pytest.mark.slow
     pytest.param(["--host_allocator=jemalloc"], "--host_allocator", marks=slow),
     pytest.param(["--data_ram_budget_mb=64"], "--data_ram_budget_mb=64 is tf.data autotune's",
                  marks=slow),
+    (["--device_memory=rtx9090"], "device memory 'rtx9090' is neither a size"),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     model_dir = tmp_path / "run"
@@ -139,6 +140,25 @@ def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     assert len(proc.stderr.splitlines()) == 1, proc.stderr  # no TensorFlow start-up lines either
     assert proc.stderr.startswith("error: ") and expected in proc.stderr
     assert not model_dir.exists()
+
+
+@pytest.mark.slow
+def test_plan_is_printed_logged_and_bounds_the_batch_size_search(tmp_path):
+    """--plan shows the run's memory plan (stdout, TensorBoard text and chart, a PNG), and
+    --batch_size=auto does not measure sizes the plan says exceed --device_memory."""
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train", "--batch_size=auto", "--device_memory=4MB", "--plan",
+                      "--epochs=1", f"--model_dir={model_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if "does not fit (plan)" in line]
+    assert rows and "| 32 |" in rows[0]  # 16 fits 4 MB (2.4 MB of model states), 32 does not
+    assert "--batch_size=auto chose 16" in proc.stdout
+    assert "memory plan:" in proc.stdout and "batch 16 per device" in proc.stdout
+    assert "FITS" in proc.stdout
+    logdir = str(model_dir / "logs" / "train")
+    assert "| **total** |" in summaries.read_text(logdir)["memory/plan"]
+    assert "memory/plan_chart" in summaries.read_image_tags(logdir)
+    assert (model_dir / "memory_plan.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow

@@ -49,6 +49,19 @@ def test_memory_budget_stops_the_search():
     assert result.budget_seconds == float("inf")  # no time budget unless asked
 
 
+def test_sizes_the_memory_plan_rules_out_are_not_measured():
+    calls = []
+    result = trials.search_batch_size(
+        _fake_measure(RATES, calls=calls), list(RATES),
+        fits=lambda size: "the plan needs 30 GB" if size >= 64 else None)
+    assert calls == [16, 32] and result.batch_size == 32
+    assert result.table[-1] == {"batch_size": 64, "status": "does not fit (plan)",
+                                "note": "the plan needs 30 GB"}
+    assert result.stopped == "size 64: the plan needs 30 GB"
+    with pytest.raises(ConfigError, match=r"fits: 16 does not fit \(plan\): no; lower"):
+        trials.search_batch_size(_fake_measure(RATES), [16, 32], fits=lambda size: "no")
+
+
 def test_keeps_the_fastest_and_stops_when_throughput_stops_growing():
     calls = []
     result = trials.search_batch_size(_fake_measure(RATES, calls=calls), list(RATES),

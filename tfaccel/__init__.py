@@ -69,6 +69,9 @@ _EXPORTS = {
     "tfaccel.performance.trials": ["auto_select", "choose_fastest"],
     "tfaccel.performance.batch_search": ["find_batch_size", "search_batch_size"],
     "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
+    "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan"],
+    "tfaccel.performance.plan_settings": ["PlanSettings"],
+    "tfaccel.performance.memory_profile": ["profile_transformer", "MemoryProfile"],
     "tfaccel.performance.memory": [
         "configure_gpu_memory", "use_pooled_host_allocator",
         "pooled_host_allocator_active", "host_allocator", "free_memory", "PeakMemoryLogger",

@@ -1,4 +1,4 @@
-"""The `tfaccel` command: `tfaccel doctor [--json]`, `tfaccel launch ...`.
+"""The `tfaccel` command: `tfaccel doctor [--json]`, `tfaccel plan ...`, `tfaccel launch ...`.
 
 A bad argument is one `error: ...` line on stderr and exit code 2, before
 TensorFlow is imported, as in the recipes.
@@ -36,11 +36,122 @@ def _doctor(args):
     return 0
 
 
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def _shape(text):
+    try:
+        dims = tuple(int(d) for d in text.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shape such as 8,8,1")
+    return dims
+
+
+def _device_memory(text):
+    from tfaccel.errors import ConfigError
+    from tfaccel.performance import plan
+
+    try:
+        plan.parse_device_memory(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _plan_profile(args):
+    """The `MemoryProfile` --model names: gpt (by size, nothing built), a zoo name, a file."""
+    from tfaccel.choices import MODELS
+    from tfaccel.performance import memory_profile
+
+    if args.model == "gpt":
+        layers, heads, d_model, context = memory_profile.GPT_SIZES[args.gpt_size]
+        return memory_profile.profile_transformer(
+            args.gpt_layers or layers, args.gpt_d_model or d_model, args.gpt_heads or heads,
+            args.vocab_size, args.sequence_length or context, tied=not args.untied,
+            half=args.precision != "float32")
+    if args.model not in MODELS and not os.path.isfile(args.model):
+        raise SystemExit(_bad(f"--model={args.model}: not gpt, a zoo model "
+                              f"({', '.join(MODELS)}) or an existing .keras/.h5 file"))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tfaccel.quiet import import_tensorflow
+
+    import_tensorflow()
+    from tfaccel.errors import TfaccelError
+
+    try:
+        return memory_profile.profile_of(args.model, args.input_shape, args.num_classes,
+                                         args.precision)
+    except TfaccelError as e:
+        raise SystemExit(_bad(str(e))) from None
+
+
+def _bad(message):
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _plan(args):
+    from tfaccel.errors import ConfigError
+    from tfaccel.performance import plan
+
+    settings = plan.PlanSettings(
+        batch_size=args.batch_size, precision=args.precision, optimizer=args.optimizer,
+        grad_accum_steps=args.grad_accum_steps, recompute=args.recompute,
+        replicas=args.replicas, stages=args.stages, micro_batches=args.micro_batches,
+        device_memory=args.device_memory)
+    try:
+        settings.checked()
+        result = plan.plan_memory(_plan_profile(args), settings)
+    except ConfigError as e:
+        return _bad(str(e))
+    print(json.dumps(result.to_json(), indent=2) if args.json else plan.format_plan(result))
+    return 0
+
+
+def _add_plan_parser(sub):
+    from tfaccel.choices import OPTIMIZERS, PRECISIONS
+
+    p = sub.add_parser("plan", help="will this model train on this device? memory per device, "
+                       "verdict, changes that fit")
+    p.add_argument("--model", default="cnn", help="gpt (described by size), a zoo model, or a "
+                   ".keras/.h5 file")
+    p.add_argument("--input_shape", type=_shape, default=(8, 8, 1),
+                   help="a zoo model's input (default: digits, 8,8,1)")
+    p.add_argument("--num_classes", type=_positive_int, default=10)
+    p.add_argument("--gpt_size", default="tiny", choices=("tiny", "small", "gpt2", "13b"),
+                   help="a named decoder size; --gpt_* and --sequence_length override it")
+    for name in ("gpt_layers", "gpt_heads", "gpt_d_model", "sequence_length"):
+        p.add_argument(f"--{name}", type=_positive_int, default=None)
+    p.add_argument("--vocab_size", type=_positive_int, default=256)
+    p.add_argument("--untied", action="store_true", help="a separate output projection")
+    p.add_argument("--batch_size", type=_positive_int, default=32, help="examples per device")
+    p.add_argument("--precision", default="float32", choices=PRECISIONS)
+    p.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
+    p.add_argument("--grad_accum_steps", type=_positive_int, default=1)
+    p.add_argument("--recompute", action="store_true")
+    p.add_argument("--replicas", type=_positive_int, default=1)
+    p.add_argument("--stages", type=_positive_int, default=1)
+    p.add_argument("--micro_batches", type=_positive_int, default=1)
+    p.add_argument("--device_memory", type=_device_memory, default=None,
+                   help="24GB, 16000MB, or a card: rtx4090, a100-80gb, ...")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def _parser():
     parser = _OneLineParser(prog="tfaccel", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     doc = sub.add_parser("doctor", help="versions, devices, driver, XLA/oneDNN, and advice")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_plan_parser(sub)
     sub.add_parser("launch", help="run N local workers: tfaccel launch --workers N -- "
                    "recipes/train.py ...")
     return parser
@@ -53,7 +164,7 @@ def main(argv=None):
 
         return launch.main(argv[1:])
     args = _parser().parse_args(argv)
-    return _doctor(args)
+    return _plan(args) if args.command == "plan" else _doctor(args)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,12 @@ def _nvidia_smi():
     return rows
 
 
+def gpus():
+    """The GPUs nvidia-smi lists (name, driver_version, memory_total_mb, compute_capability);
+    an empty list without nvidia-smi."""
+    return _nvidia_smi() or []
+
+
 def _number(text):
     try:
         return int(float(text))

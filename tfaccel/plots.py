@@ -195,3 +195,41 @@ def plot_rates(labels, values, path, xlabel, title, log_scale=False, colors=None
     ax.set_xlabel(xlabel)
     ax.set_title(title, fontsize=8 if len(title) > 70 else 10)
     return save_png(fig, path)
+
+
+def plot_memory(bars, path=None, title="memory", device_memory=None):
+    """Stacked horizontal bars of memory by kind (GB), one bar per configuration.
+
+    Args:
+      bars: ``[(label, {kind: bytes})]``, e.g. a memory plan's breakdown per setting, or
+        ``("measured", {"peak": bytes})`` beside it.
+      path: where to write the PNG (None: return its bytes).
+      title: chart title.
+      device_memory: bytes of the device, drawn as a vertical line (None: none).
+
+    Returns:
+      `path` (written atomically), or the PNG bytes.
+    """
+    if not bars:
+        raise ConfigError("plot_memory needs at least one bar")
+    kinds = list(dict.fromkeys(k for _, parts in bars for k, v in parts.items() if v))
+    largest = max(sum(parts.values()) for _, parts in bars)
+    scale, unit = (1e9, "GB") if largest >= 1e9 else (1e6, "MB")
+    fig, ax = new_figure(9, max(2.5, 0.5 * len(bars) + 1.6))
+    labels = [label for label, _ in bars][::-1]
+    left = [0.0] * len(bars)
+    for i, kind in enumerate(kinds):
+        widths = [parts.get(kind, 0) / scale for _, parts in bars][::-1]
+        ax.barh(labels, widths, left=left, label=kind, color=_PALETTE[i % len(_PALETTE)])
+        left = [a + b for a, b in zip(left, widths)]
+    for i, total in enumerate(left):
+        ax.text(total, i, f" {total:,.3g}", va="center")
+    if device_memory and device_memory <= 20 * largest:  # else the bars would be invisible
+        ax.axvline(device_memory / scale, color="black", linestyle="--", label="device memory")
+    elif device_memory:
+        title = f"{title} (device: {device_memory / 1e9:,.1f} GB, off the scale)"
+    ax.margins(x=0.12)
+    ax.set_xlabel(f"{unit} (10^{9 if unit == 'GB' else 6} bytes)")
+    ax.set_title(title, fontsize=8 if len(title) > 70 else 10)
+    ax.legend(fontsize=7, loc="lower right")
+    return save_png(fig, path) if path else png_bytes(fig)

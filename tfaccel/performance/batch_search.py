@@ -38,6 +38,7 @@ from tfaccel.train.training import compile_classifier
 
 OK, OUT_OF_MEMORY, OVER_BUDGET = "ok", "out of memory", "over memory budget"
 NOT_TRIED = "not tried"
+PLANNED_OUT = "does not fit (plan)"
 """The status of a size the time budget left no room for."""
 
 
@@ -80,7 +81,8 @@ def candidate_sizes(start=16, max_batch_size=1024):
 
 
 def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
-                      budget_seconds=None, num_examples=None, clock=time.perf_counter):
+                      budget_seconds=None, num_examples=None, clock=time.perf_counter,
+                      fits=None):
     """Tries `candidates` in order with `measure`; returns the fastest that fit.
 
     Args:
@@ -95,6 +97,8 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
         60 s, whichever is larger) or None (no time budget).
       num_examples: examples in one epoch, for the default budget.
       clock: the clock the budget is measured on.
+      fits: optional `fn(batch_size) -> None or a reason`: a size with a reason (e.g. a
+        memory plan that does not fit the device) is not measured and ends the search.
 
     Returns:
       A `BatchSizeResult`.
@@ -115,6 +119,11 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
                        f"would take about {needed:.0f} s")
             table.append({"batch_size": size, "status": NOT_TRIED, "note": stopped})
             logging.info("batch size search stopped: %s", stopped)
+            break
+        reason = fits(size) if fits is not None else None
+        if reason:
+            table.append({"batch_size": size, "status": PLANNED_OUT, "note": reason})
+            stopped = f"size {size}: {reason}"
             break
         began = clock()
         try:
@@ -143,9 +152,11 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
                 stopped = f"{patience} sizes in a row without a faster one"
                 break
     if best is None:
-        raise ConfigError(f"no batch size fits: {table[0]['batch_size']} already ran "
-                          f"{table[0]['status']}; lower the start size, raise the memory budget "
-                          "or use a smaller model")
+        first = table[0]
+        why = (f"{first['status']}: {first['note']}" if first["status"] == PLANNED_OUT
+               else f"already ran {first['status']}")
+        raise ConfigError(f"no batch size fits: {first['batch_size']} {why}; lower the start "
+                          "size, raise the memory budget or use a smaller model")
     epoch = num_examples / best["examples_per_sec"] if num_examples else None
     return BatchSizeResult(batch_size=best["batch_size"], table=tuple(table),
                            seconds=clock() - start,
@@ -200,7 +211,7 @@ def default_memory_budget_mb():
 
 def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=1024,
                     memory_budget_mb="default", patience=2, warmup=2, steps=5,
-                    budget_seconds=budget.DEFAULT, num_examples=None):
+                    budget_seconds=budget.DEFAULT, num_examples=None, fits=None):
     """Searches growing batch sizes on the real model and data (see module doc).
 
     Args:
@@ -215,6 +226,7 @@ def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=10
       warmup, steps: untimed and timed steps per size.
       budget_seconds, num_examples: the time budget, see `search_batch_size`
         (`num_examples` defaults to the cardinality of an unbatched `dataset`).
+      fits: sizes to skip before measuring, see `search_batch_size`.
 
     Returns:
       A `BatchSizeResult`.
@@ -228,4 +240,4 @@ def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=10
     return search_batch_size(
         lambda size: measure_batch_size(model, dataset, size, compile_fn, warmup, steps),
         candidates, memory_budget_mb=memory_budget_mb, patience=patience,
-        budget_seconds=budget_seconds, num_examples=num_examples)
+        budget_seconds=budget_seconds, num_examples=num_examples, fits=fits)

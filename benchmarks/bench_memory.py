@@ -1,0 +1,161 @@
+"""The memory planner against measured peaks: predicted vs TensorFlow's own allocator statistics.
+
+    python benchmarks/bench_memory.py                       # every configuration below
+    python benchmarks/bench_memory.py --configs=cnn_f32,resnet_bf16
+
+For each configuration (model, input, batch, precision, optimizer, accumulation) it
+runs, in --repeats fresh processes (an allocator that has served nothing else), a
+tf_keras model's training steps under TensorFlow's pooled host allocator, and reads the
+allocator's peak (`tf.config.experimental.get_memory_info('CPU:0')`, reset after two
+warm-up steps, then --steps steps; on a GPU machine the same reading of 'GPU:0'). The
+measured peak is the largest of the repeats: the order in which TensorFlow runs
+independent ops differs from run to run, and so does the peak (9.2-11.8 MB for one
+digits MLP configuration in five runs, 30-41 MB for one CNN); a plan must cover the
+worst of them (the smallest is in the table too). Beside it,
+`tfaccel.performance.plan.plan_memory` predicts the same step from the model's layers
+alone, and the table gives both and their ratio. The plan's framework margin is not
+added: it is kept free on a device, not used; and its input is one batch
+(`input_batches=1`), since the measured steps read one constant batch
+(`Dataset.from_tensors`), not a pipeline. Writes bench_memory.json, bench_memory.png
+(predicted breakdown and measured peak per configuration) and both to TensorBoard under
+--output_dir. Target (issue #16): every ratio within 0.85-1.15. Exit status 1 when one
+is outside.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import _cli
+from absl import flags
+
+CONFIGS = {  # name: (model, input shape, batch, precision, optimizer, accumulation steps)
+    "mlp_f32": ("mlp", (8, 8, 1), 1024, "float32", "adam", 1),
+    "cnn_f32": ("cnn", (8, 8, 1), 512, "float32", "adam", 1),
+    "cnn_bf16": ("cnn", (8, 8, 1), 512, "mixed_bfloat16", "adam", 1),
+    "cnn_accum4": ("cnn", (8, 8, 1), 1024, "float32", "adam", 4),
+    "cnn_sgd": ("cnn", (8, 8, 1), 256, "float32", "sgd", 1),
+    "resnet_f32": ("resnet", (96, 96, 3), 32, "float32", "adam", 1),
+    "resnet_bf16": ("resnet", (96, 96, 3), 32, "mixed_bfloat16", "adam", 1),
+    "mobilenet_v2_f32": ("mobilenet_v2", (96, 96, 3), 32, "float32", "adam", 1),
+    "mobilenet_v2_bf16": ("mobilenet_v2", (96, 96, 3), 64, "mixed_bfloat16", "momentum", 1),
+}
+LOW, HIGH = 0.85, 1.15
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("configs", list(CONFIGS), f"Configurations to measure: {', '.join(CONFIGS)}.")
+flags.DEFINE_integer("repeats", 5, "Processes per configuration; the largest peak counts.",
+                     lower_bound=1)
+flags.DEFINE_integer("steps", 8, "Training steps measured in each process.", lower_bound=1)
+flags.DEFINE_string("measure_one", None, "Internal: measure this configuration in this process "
+                    "and print its JSON.")
+_cli.define_output_dir("runs/bench_memory", "Where bench_memory.json, the chart and TensorBoard "
+                       "logs go.")
+
+
+def _measure(name):
+    """Builds and trains configuration `name`; returns its plan and measured peak (bytes)."""
+    from tfaccel.performance import memory
+
+    memory.use_pooled_host_allocator()
+    import numpy as np
+    import tensorflow as tf
+
+    from tfaccel.performance import accumulate, memory_profile, plan, precision
+    from tfaccel.train import models, training
+
+    model_name, shape, batch, policy, optimizer, accum = CONFIGS[name]
+    precision.set_precision(policy)
+    model = precision.apply_precision(models.build_model(model_name, shape, 10), policy)
+    opt = precision.wrap_optimizer(training.make_optimizer(optimizer, 1e-3), policy)
+    training.compile_classifier(model, opt)
+    if accum > 1:
+        accumulate.enable_gradient_accumulation(model, accum)
+    rng = np.random.default_rng(0)
+    x = rng.random((batch, *shape), dtype=np.float32)
+    y = rng.integers(0, 10, batch)
+    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
+    tf.config.experimental.reset_memory_stats(device)
+    model.fit(ds, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0)
+    peak = tf.config.experimental.get_memory_info(device)["peak"]
+    profile = memory_profile.profile_keras_model(model)
+    settings = plan.PlanSettings(batch_size=batch, precision=policy, optimizer=optimizer,
+                                 grad_accum_steps=accum, input_batches=1)  # one constant batch
+    result = plan.plan_memory(profile, settings)
+    return {"config": name, "model": model_name, "input_shape": list(shape), "batch": batch,
+            "precision": policy, "optimizer": optimizer, "grad_accum_steps": accum,
+            "device": device, "parameters": profile.parameters,
+            "count_params": model.count_params(), "measured_peak": int(peak),
+            "predicted": int(result.total), "breakdown": result.breakdown,
+            "ratio": result.total / peak}
+
+
+def main(argv):
+    del argv
+    if FLAGS.measure_one:
+        print("RESULT " + json.dumps(_measure(FLAGS.measure_one)), flush=True)
+        return 0
+    from tfaccel import doctor, io, plots, summaries
+    from tfaccel.errors import ConfigError
+
+    unknown = [c for c in FLAGS.configs if c not in CONFIGS]
+    if unknown:
+        raise ConfigError(f"--configs: unknown {', '.join(unknown)}; use some of "
+                          f"{', '.join(CONFIGS)}")
+    rows = []
+    for i, name in enumerate(FLAGS.configs):
+        runs = []
+        for _ in range(FLAGS.repeats):
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__),
+                                   f"--measure_one={name}", f"--steps={FLAGS.steps}"],
+                                  capture_output=True, text=True, check=False,
+                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
+            runs.append(json.loads(lines[-1][len("RESULT "):]))
+        r = dict(runs[0], measured_peaks=[run["measured_peak"] for run in runs])
+        r["measured_peak"] = max(r["measured_peaks"])
+        r["ratio"] = r["predicted"] / r["measured_peak"]
+        rows.append(r)
+        print(f"[{i + 1}/{len(FLAGS.configs)}] {name}: predicted {r['predicted'] / 1e6:,.1f} MB, "
+              f"measured {r['measured_peak'] / 1e6:,.1f} MB (largest of "
+              + ", ".join(f"{p / 1e6:,.1f}" for p in r["measured_peaks"])
+              + f"), ratio {r['ratio']:.3f}", flush=True)
+    for r in rows:
+        r["predicted MB"], r["measured MB"] = r["predicted"] / 1e6, r["measured_peak"] / 1e6
+        r["smallest measured MB"] = min(r["measured_peaks"]) / 1e6
+        r["within"] = LOW <= r["ratio"] <= HIGH
+    table = summaries.markdown_table(rows, ["config", "model", "input_shape", "batch", "precision",
+                                            "optimizer", "grad_accum_steps", "predicted MB",
+                                            "measured MB", "smallest measured MB", "ratio",
+                                            "within"])
+    met = all(r["within"] for r in rows)
+    header = (f"memory plan vs measured peak ({rows[0]['device']} allocator, pooled); "
+              f"{doctor.machine_summary()}")
+    verdict = (f"{'PASS' if met else 'FAIL'}  {sum(r['within'] for r in rows)}/{len(rows)} "
+               f"predictions within {LOW}-{HIGH} of the measured peak")
+    print(f"\n{header}\n\n{table}\n\n{verdict}")
+    out = FLAGS.output_dir
+    io.write_json(os.path.join(out, "bench_memory.json"),
+                  {"machine": doctor.machine_summary(), "rows": rows, "met": met,
+                   "command": " ".join(["python", *sys.argv])})
+    bars = []
+    for r in rows:
+        bars += [(f"{r['config']} plan", r["breakdown"]),
+                 (f"{r['config']} measured", {"measured peak": r["measured_peak"]})]
+    png = plots.plot_memory(bars, os.path.join(out, "bench_memory.png"),
+                            "memory plan (stacked) vs measured peak per configuration")
+    logdir = os.path.join(out, "logs")
+    summaries.write_text(logdir, "bench/memory", f"{header}\n\n{table}\n\n{verdict}")
+    summaries.write_scalars(logdir, {f"bench_memory/{r['config']}_ratio": r["ratio"] for r in rows})
+    summaries.write_png(logdir, "bench/memory_plot", png)
+    print(f"\nwrote {out}: bench_memory.json, bench_memory.png, logs/")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    _cli.run(main)

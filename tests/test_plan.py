@@ -1,0 +1,157 @@
+"""tfaccel.performance.plan and `tfaccel plan`: the breakdown, the verdict, the changes that fit."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfaccel.errors import ConfigError
+from tfaccel.performance import memory_profile, plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GB = 10**9
+
+
+def _13b():
+    return memory_profile.profile_transformer(40, 5120, 40, 32000, 2048)
+
+
+def _states(result):
+    return sum(result.breakdown[k] for k in plan.MODEL_STATES)
+
+
+def test_float32_adam_model_states_are_four_times_the_weights():
+    profile = memory_profile.profile_transformer(4, 128, 4, 103, 64)
+    result = plan.plan_memory(profile, plan.PlanSettings(batch_size=8))
+    weights = 4 * profile.parameters
+    assert result.breakdown["weights (float32)"] == weights
+    assert _states(result) == 4 * weights  # accelerate's "x4 for training with Adam"
+
+
+def test_mixed_precision_adam_is_zero_s_16_bytes_plus_keras_s_casts():
+    profile = _13b()
+    result = plan.plan_memory(profile, plan.PlanSettings(batch_size=1,
+                                                         precision="mixed_bfloat16"))
+    n = profile.parameters
+    zero_paper = sum(result.breakdown[k] for k in
+                     ("weights (float32)", "gradients (float32)", "optimizer slots"))
+    assert zero_paper == 16 * n  # the ZeRO paper's 16 bytes per parameter
+    assert result.breakdown["16-bit weight casts"] == 2 * n  # Keras keeps the casts as well
+    assert 200 * GB < zero_paper < 210 * GB  # ~208 GB for "13B" (12.76e9 here)
+
+
+@pytest.mark.parametrize("optimizer,slots", [("sgd", 0), ("momentum", 1), ("adam", 2)])
+def test_optimizer_slots(optimizer, slots):
+    profile = memory_profile.profile_transformer(2, 64, 2, 50, 16)
+    result = plan.plan_memory(profile, plan.PlanSettings(batch_size=4, optimizer=optimizer))
+    assert result.breakdown["optimizer slots"] == 4 * slots * profile.trainable
+
+
+def test_the_13b_question_answers_fast_and_prices_a_pipeline():
+    start = time.perf_counter()
+    result = plan.plan_memory(_13b(), plan.PlanSettings(
+        batch_size=1, precision="mixed_bfloat16", device_memory="24GB"))
+    assert time.perf_counter() - start < 5
+    assert result.fits is False and result.headroom < 0
+    assert result.pipeline_devices[80] == 3 and result.pipeline_devices[24] > 8
+    text = plan.format_plan(result)
+    assert "DOES NOT FIT" in text and "3 x 80 GiB" in text
+
+
+def test_every_suggestion_fits_and_they_come_cheapest_first():
+    profile = memory_profile.profile_transformer(12, 768, 12, 50257, 1024)
+    settings = plan.PlanSettings(batch_size=32, device_memory="rtx4090")
+    result = plan.plan_memory(profile, settings)
+    assert result.fits is False and result.suggestions
+    usable = int(plan.parse_device_memory("rtx4090") * (1 - plan.FRAMEWORK_MARGIN))
+    for s in result.suggestions:
+        assert s["total"] <= usable
+        again = plan.plan_memory(profile, plan.PlanSettings(
+            **{**settings.__dict__, **s["settings"]}))
+        assert again.total == s["total"] and again.fits
+    first = result.suggestions[0]["settings"]
+    assert "stages" not in first  # a change on one device before buying more devices
+
+
+def test_accumulation_recomputation_and_stages_cut_activations():
+    profile = memory_profile.profile_transformer(8, 256, 8, 256, 128)
+    base = plan.breakdown(profile, plan.PlanSettings(batch_size=64))
+    accum = plan.breakdown(profile, plan.PlanSettings(batch_size=64, grad_accum_steps=4))
+    recompute = plan.breakdown(profile, plan.PlanSettings(batch_size=64, recompute=True))
+    assert accum["activations"] == base["activations"] // 4
+    assert accum["accumulated gradients"] == base["gradients (float32)"]
+    assert recompute["activations"] < base["activations"] / 3
+    staged = plan.breakdown(profile, plan.PlanSettings(batch_size=64, stages=2,
+                                                       micro_batches=8))
+    assert staged["weights (float32)"] < 0.7 * base["weights (float32)"]
+
+
+def test_bubble_fraction_is_gpipes():
+    assert plan.bubble_fraction(1, 8) == 0
+    assert plan.bubble_fraction(4, 16) == pytest.approx(3 / 19)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("24GB", 24 * 2**30), ("24 GiB", 24 * 2**30), ("16000MB", 16000 * 2**20),
+    ("rtx4090", 24 * 2**30), ("a100-80gb", 80 * 2**30), ("12", 12 * 2**30)])
+def test_device_memory(text, expected):
+    assert plan.parse_device_memory(text) == expected
+
+
+@pytest.mark.parametrize("text", ["rtx9090", "24XB", "-3GB", "0", "lots"])
+def test_bad_device_memory_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match="neither a size .* nor a card"):
+        plan.parse_device_memory(text)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"batch_size": 0}, "batch_size=0: must be a positive integer"),
+    ({"stages": 99}, "stages=99 is more than the model's"),
+    ({"grad_accum_steps": 64}, "grad_accum_steps=64 is larger than batch_size=8"),
+    ({"precision": "float8"}, "precision 'float8'"),
+])
+def test_bad_settings(change, message):
+    profile = memory_profile.profile_transformer(2, 64, 2, 50, 16)
+    with pytest.raises(ConfigError, match=message):
+        plan.plan_memory(profile, plan.PlanSettings(**{"batch_size": 8, **change}))
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tfaccel.cli", "plan", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+
+
+def test_cli_13b_json_without_tensorflow():
+    proc = _cli("--model=gpt", "--gpt_layers=40", "--gpt_d_model=5120", "--gpt_heads=40",
+                "--vocab_size=32000", "--sequence_length=2048", "--batch_size=1",
+                "--precision=mixed_bfloat16", "--device_memory=24GB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fits"] is False and out["parameters"] == _13b().parameters
+    assert out["pipeline_devices"]["80"] == 3
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device_memory=rtx9090"], "device memory 'rtx9090' is neither a size"),
+    (["--device_memory=12XB"], "device memory '12XB' is neither a size"),
+    (["--batch_size=0"], "0 must be a positive integer"),
+    (["--model=gpt", "--stages=99"], "stages=99 is more than the model's"),
+    (["--model=/nonexistent/model.keras"], "--model=/nonexistent/model.keras: not gpt"),
+])
+def test_cli_bad_input_is_one_line(args, message):
+    proc = _cli(*args)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_cli_a_model_file_that_does_not_load(tmp_path):
+    bad = tmp_path / "broken.keras"
+    bad.write_bytes(b"not a zip file")
+    proc = _cli(f"--model={bad}")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1

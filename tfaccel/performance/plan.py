@@ -1,0 +1,327 @@
+"""Will this model train on this device, and with which settings? A memory plan.
+
+`plan_memory(profile, settings)` adds up, per device, what a training step keeps
+alive at its peak: the model states (float32 weights, gradients, optimizer slots,
+the 16-bit weight casts of mixed precision, an accumulator under gradient
+accumulation), the activations one micro-batch keeps for the backward pass (with
+or without recomputation; under a pipeline, every micro-batch in flight on the
+stage), the gradient of the largest activation, alive beside them in the backward
+pass (two, while a recomputed block runs), the input batches buffered by tf.data,
+and a margin for the framework and workspace. It gives a verdict
+against the device's memory and, when the run does not fit, the cheapest
+changes that make it fit, each with its new total. Nothing here imports
+TensorFlow: a plan of a 13B model takes milliseconds.
+
+What Keras keeps under mixed precision (counted here, unlike the ZeRO paper's 16
+bytes per parameter): the variables stay float32 (they are the master weights),
+gradients are float32, and each layer casts its weights to 16 bits when it runs,
+a copy the backward pass needs again: 4 + 4 + 8 (Adam) + 2 = 18 bytes per
+parameter. `LossScaleOptimizer` adds two scalars. TensorFlow has no ZeRO
+sharding and no CPU offload of optimizer states: every data-parallel replica
+holds all of them.
+
+Example:
+
+    from tfaccel.performance import memory_profile, plan
+
+    profile = memory_profile.profile_transformer(40, 5120, 40, 32000, 2048)
+    result = plan.plan_memory(profile, plan.PlanSettings(batch_size=1,
+                              precision="mixed_bfloat16", device_memory="24GB"))
+    print(plan.format_plan(result))
+"""
+
+import dataclasses
+
+from tfaccel.errors import ConfigError
+from tfaccel.performance.devices import (  # noqa: F401 (part of the plan's interface)
+    DEVICES,
+    GB,
+    GiB,
+    parse_device_memory,
+)
+from tfaccel.performance.plan_settings import FRAMEWORK_MARGIN, SLOTS, PlanSettings  # noqa: F401
+
+MODEL_STATES = ("weights (float32)", "gradients (float32)", "optimizer slots",
+                "16-bit weight casts", "accumulated gradients")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """A plan: the busiest device's breakdown (bytes), its verdict and the changes that fit."""
+
+    model: str
+    parameters: int
+    settings: PlanSettings
+    breakdown: dict
+    total: int
+    fits: object  # True, False, or None without a device memory
+    headroom: object  # device memory (less the margin) minus total, or None
+    suggestions: tuple = ()
+    pipeline_devices: object = None  # {card GiB: stages that fit} when it does not fit
+
+    def to_json(self):
+        out = dataclasses.asdict(self)
+        out["settings"] = dataclasses.asdict(self.settings)
+        return out
+
+
+def _split_stages(layers, stages):
+    """Consecutive layer groups balanced by parameters (each non-empty)."""
+    if stages <= 1:
+        return [list(layers)]
+    total = sum(layer.parameters for layer in layers) or 1
+    groups, current, done = [], [], 0
+    for i, layer in enumerate(layers):
+        current.append(layer)
+        done += layer.parameters
+        left_layers, left_groups = len(layers) - i - 1, stages - len(groups) - 1
+        if left_groups and (done >= total * (len(groups) + 1) / stages
+                            or left_layers == left_groups):
+            groups.append(current)
+            current = []
+    groups.append(current)
+    return [g for g in groups if g]
+
+
+def _stage_breakdown(profile, layers, s, first):
+    half = s.precision != "float32"
+    params = sum(layer.parameters for layer in layers)
+    trainable = params * (profile.trainable / max(1, profile.parameters))
+    micro = max(1, s.batch_size // (s.grad_accum_steps * s.micro_batches))
+    in_flight = s.micro_batches if s.stages > 1 else 1
+    # a profile made for one precision, planned in the other: activations scale with the dtype
+    scale = 1.0 if half == profile.half_activations else (0.5 if half else 2.0)
+    if s.recompute:
+        boundary = sum(layer.recompute_boundary_bytes or layer.output_bytes for layer in layers)
+        biggest = max((layer.activation_bytes for layer in layers), default=0)
+        activations = micro * (in_flight * boundary + biggest)
+        transient = micro * 2 * max((layer.output_bytes for layer in layers), default=0)
+    else:
+        activations = micro * in_flight * sum(layer.activation_bytes for layer in layers)
+        transient = micro * max((layer.output_bytes for layer in layers), default=0)
+    out = {
+        "weights (float32)": 4 * params,
+        "gradients (float32)": 4 * int(trainable),
+        "optimizer slots": 4 * SLOTS[s.optimizer] * int(trainable),
+        "16-bit weight casts": 2 * params if half else 0,
+        "accumulated gradients": 4 * int(trainable) if s.grad_accum_steps > 1 else 0,
+        "all-reduce buffer": 4 * int(trainable) if s.replicas > 1 else 0,
+        "activations": int(scale * activations),
+        "backward transients": int(scale * transient),
+        "input batches": s.input_batches * s.batch_size * profile.input_bytes
+        if first else 0,
+    }
+    return out
+
+
+def breakdown(profile, settings):
+    """The busiest device's bytes by kind (see `plan_memory`), before the framework margin."""
+    s = settings
+    stages = _split_stages(profile.layers, s.stages)
+    parts = [_stage_breakdown(profile, layers, s, i == 0) for i, layers in enumerate(stages)]
+    return max(parts, key=lambda p: sum(p.values()))
+
+
+def _total(profile, settings):
+    return sum(breakdown(profile, settings).values())
+
+
+def _usable(settings):
+    return int(settings.device_memory * (1 - settings.margin))
+
+
+def _fits(profile, s, change):
+    try:
+        new = dataclasses.replace(s, **change).checked(num_layers=len(profile.layers))
+    except ConfigError:
+        return None
+    total = _total(profile, new)
+    return total if total <= _usable(new) else None
+
+
+def _with_stages(profile, s, change):
+    """`change` plus the fewest pipeline stages (>= 2) with which it fits, or None."""
+    for stages in range(max(2, s.stages + 1), len(profile.layers) + 1):
+        micro = min(s.batch_size, max(s.micro_batches, 4 * stages))
+        staged = {**change, "stages": stages, "micro_batches": micro}
+        if _fits(profile, s, staged) is not None:
+            return staged
+    return None
+
+
+def _describe(change, s):
+    parts = []
+    if "precision" in change:
+        parts.append("mixed precision (--precision=mixed_bfloat16; mixed_float16 on GPUs "
+                     "before Ampere)")
+    if "grad_accum_steps" in change:
+        k = change["grad_accum_steps"]
+        parts.append(f"micro-batches of {s.batch_size // k} with --grad_accum_steps={k} "
+                     "(the same batch per step)")
+    if change.get("recompute"):
+        parts.append("recomputation (--recompute)")
+    if "optimizer" in change:
+        parts.append(f"a lighter optimizer ({change['optimizer']}: "
+                     f"{SLOTS[change['optimizer']]} slot(s) per parameter)")
+    if "stages" in change:
+        k, m = change["stages"], change["micro_batches"]
+        parts.append(f"{k} pipeline stages on {k} devices (--stages={k} --micro_batches={m}; "
+                     f"idle bubble {100 * bubble_fraction(k, m):.0f}%)")
+    return " + ".join(parts)
+
+
+_COST = {"precision": 0, "grad_accum_steps": 1, "recompute": 2, "optimizer": 3, "stages": 4}
+
+
+def _suggestions(profile, s):
+    """The changes that make the run fit, cheapest first (see `plan_memory`)."""
+    base = []
+    if s.precision == "float32":
+        base.append({"precision": "mixed_bfloat16"})
+    accum = [k for k in (2, 4, 8, 16, 32, 64, 128)
+             if k > s.grad_accum_steps and s.batch_size % k == 0]
+    fitting = [k for k in accum if _fits(profile, s, {"grad_accum_steps": k}) is not None]
+    if fitting or accum:
+        base.append({"grad_accum_steps": (fitting or accum)[0]})
+    if not s.recompute:
+        base.append({"recompute": True})
+    base += [{"optimizer": o} for o in ("momentum", "sgd") if SLOTS[o] < SLOTS[s.optimizer]]
+    candidates = list(base)
+    candidates += [{**a, **b} for i, a in enumerate(base) for b in base[i + 1:]
+                   if not set(a) & set(b) and "optimizer" not in a and "optimizer" not in b]
+    staged = [_with_stages(profile, s, c) for c in [{}, *candidates[:len(base)]]]
+    candidates += [c for c in staged if c]
+    found, seen = [], set()
+    for change in candidates:
+        key = tuple(sorted(change.items()))
+        total = _fits(profile, s, change) if change and key not in seen else None
+        seen.add(key)
+        if total is not None:
+            found.append((sum(_COST[k] for k in change if k in _COST), change.get("stages", 1),
+                          total, change))
+    found.sort(key=lambda f: f[:3])
+    return tuple({"change": _describe(c, s), "settings": c, "total": t,
+                  "breakdown": breakdown(profile, dataclasses.replace(s, **c))}
+                 for _, _, t, c in found[:6])
+
+
+PIPELINE_CARDS_GIB = (24, 40, 80)
+"""The card sizes a plan that does not fit prices a pipeline on."""
+
+
+def pipeline_devices(profile, settings, cards_gib=PIPELINE_CARDS_GIB):
+    """{card GiB: the fewest pipeline stages (one device each) that fit, or None}.
+
+    Each count is for the run's settings with recomputation on, mixed precision (if it
+    was float32) and at least 4 micro-batches per stage (GPipe's M >= 4K).
+    """
+    s = settings
+    out = {}
+    for gib in cards_gib:
+        out[gib] = None
+        for stages in range(1, len(profile.layers) + 1):
+            trial = dataclasses.replace(
+                s, device_memory=int(gib * GiB), stages=stages, recompute=True,
+                precision="mixed_bfloat16" if s.precision == "float32" else s.precision,
+                micro_batches=min(s.batch_size, max(s.micro_batches, 4 * stages)))
+            if _total(profile, trial) <= _usable(trial):
+                out[gib] = stages
+                break
+    return out
+
+
+def plan_memory(profile, settings=None, **kwargs):
+    """The memory plan of `profile` trained with `settings` (or `PlanSettings(**kwargs)`).
+
+    Args:
+      profile: a `memory_profile.MemoryProfile` (e.g. `profile_transformer(...)` for a
+        Transformer described by its size), a built tf_keras model, a .keras/.h5 file, or a
+        zoo name (then pass ``input_shape=`` and ``num_classes=`` too).
+      settings: a `PlanSettings`; or its fields as keyword arguments.
+
+    Returns:
+      A `MemoryPlan`: the busiest device's breakdown in bytes, its total, and with a
+      device memory the verdict, the headroom, the cheapest changes that fit (ranked:
+      precision, accumulation, recomputation, a lighter optimizer, pipeline stages, then
+      pairs of them) and, when it does not fit, how many 24, 40 and 80 GiB devices a
+      pipeline needs (`pipeline_devices`).
+
+    Raises:
+      ConfigError: bad settings (`PlanSettings.checked`).
+    """
+    from tfaccel.performance import memory_profile
+
+    shape, classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
+    settings = settings or PlanSettings(**kwargs)
+    if not isinstance(profile, memory_profile.MemoryProfile):
+        settings.checked()  # bad settings are reported before a model is built
+    profile = memory_profile.profile_of(profile, shape, classes, settings.precision)
+    s = settings.checked(num_layers=len(profile.layers))
+    parts = breakdown(profile, s)
+    total = sum(parts.values())
+    if s.device_memory is None:
+        return MemoryPlan(profile.name, profile.parameters, s, parts, total, None, None)
+    headroom = _usable(s) - total
+    fits = headroom >= 0
+    suggestions = () if fits else _suggestions(profile, s)
+    needed = None if fits else pipeline_devices(profile, s)
+    return MemoryPlan(profile.name, profile.parameters, s, parts, total, fits, headroom,
+                      suggestions, needed)
+
+
+def _gb(n):
+    return f"{n / GB:,.2f} GB" if abs(n) >= GB / 100 else f"{n / 10**6:,.2f} MB"
+
+
+def format_plan(result):
+    """The plan as text: the breakdown table, the verdict and the changes that fit."""
+    s = result.settings
+    lines = [f"{result.model}: {result.parameters:,} parameters; batch {s.batch_size} per "
+             f"device, {s.precision}, {s.optimizer}, accumulation {s.grad_accum_steps}, "
+             f"recompute {'on' if s.recompute else 'off'}, {s.replicas} replica(s), "
+             f"{s.stages} stage(s) x {s.micro_batches} micro-batch(es)", "",
+             "| memory (busiest device) | size |", "|---|---|"]
+    states = sum(v for k, v in result.breakdown.items() if k in MODEL_STATES)
+    lines += [f"| {k} | {_gb(v)} |" for k, v in result.breakdown.items() if v]
+    lines.append(f"| (model states, of the rows above) | {_gb(states)} |")
+    lines.append(f"| **total** | **{_gb(result.total)}** |")
+    if result.fits is None:
+        return "\n".join(lines)
+    device = s.device_memory
+    lines += ["", f"device {device / GiB:g} GiB ({_gb(device)}), {100 * s.margin:g}% kept for "
+              f"the framework: {'FITS' if result.fits else 'DOES NOT FIT'}, headroom "
+              f"{_gb(result.headroom)}"]
+    if result.suggestions:
+        lines += ["", "changes that make it fit (cheapest first):"]
+        lines += [f"- {x['change']}: {_gb(x['total'])}" for x in result.suggestions]
+    elif not result.fits:
+        lines += ["", "nothing TensorFlow offers makes it fit on this device (no ZeRO "
+                  "sharding or CPU offload of optimizer states in TensorFlow)."]
+    if result.pipeline_devices:
+        counts = [f"{n} x {gib} GiB" if n else f"no pipeline of {gib} GiB cards"
+                  for gib, n in result.pipeline_devices.items()]
+        lines.append("a pipeline (one stage per device, recomputation, mixed precision, "
+                     f">= 4 micro-batches per stage) fits on: {', '.join(counts)}")
+    return "\n".join(lines)
+
+
+def write_plan(logdir, result, tag="memory/plan", path=None):
+    """Logs `result` to TensorBoard under `logdir`: the plan as text and a stacked-bar chart
+    (also written to `path` when given). Returns the text."""
+    from tfaccel import plots, summaries
+
+    text = format_plan(result)
+    summaries.write_text(logdir, tag, text)
+    bars = [("this run", result.breakdown)]
+    bars += [(", ".join(f"{k}={v}" for k, v in x["settings"].items()), x["breakdown"])
+             for x in result.suggestions[:3]]
+    png = plots.plot_memory(bars, path, f"memory plan: {result.model}",
+                            result.settings.device_memory)
+    summaries.write_png(logdir, f"{tag}_chart", png)
+    return text
+
+
+def bubble_fraction(stages, micro_batches):
+    """GPipe's idle share of a pipeline: (K - 1) / (M + K - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1) if stages > 1 else 0.0
+
