@@ -52,6 +52,15 @@ def test_sequential_models_are_chains():
     assert layers["b"].activation_bytes == 0  # the loss's input: nothing after it reads it
 
 
+def test_a_shared_layer_keeps_its_activations_once_per_call():
+    shared = keras.layers.Dense(4, activation="relu", name="shared")
+    a, b = keras.Input((6,)), keras.Input((6,))
+    model = keras.Model([a, b], keras.layers.Add(name="add")([shared(a), shared(b)]))
+    layers = {layer.name: layer for layer in memory_profile.profile_keras_model(model).layers}
+    assert layers["shared"].activation_bytes == 2 * 4 * 4  # ReLU's output, for each call
+    assert layers["shared"].parameters == 6 * 4 + 4  # its weights once
+
+
 def test_subclassed_and_unsized_models_are_refused():
     class Net(keras.Model):
         def call(self, x):

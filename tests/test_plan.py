@@ -59,6 +59,8 @@ def test_the_13b_question_answers_fast_and_prices_a_pipeline():
     assert result.pipeline_devices[80] == 3 and result.pipeline_devices[24] > 8
     text = plan.format_plan(result)
     assert "DOES NOT FIT" in text and "3 x 80 GiB" in text
+    assert all("stages" in x["settings"] for x in result.suggestions)
+    assert "no change on one device makes it fit: TensorFlow has no ZeRO sharding" in text
 
 
 def test_every_suggestion_fits_and_they_come_cheapest_first():
@@ -74,6 +76,7 @@ def test_every_suggestion_fits_and_they_come_cheapest_first():
         assert again.total == s["total"] and again.fits
     first = result.suggestions[0]["settings"]
     assert "stages" not in first  # a change on one device before buying more devices
+    assert "no change on one device" not in plan.format_plan(result)
 
 
 def test_accumulation_recomputation_and_stages_cut_activations():

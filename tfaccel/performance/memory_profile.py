@@ -132,6 +132,13 @@ def _activation_name(layer):
     return name if isinstance(name, str) else None
 
 
+def _calls(model):
+    """{layer name: how many times the model calls it} (a shared layer keeps one set of
+    activations per call)."""
+    return {c.get("name") or c["config"]["name"]: max(1, len(c.get("inbound_nodes") or [1]))
+            for c in model.get_config()["layers"]}
+
+
 def _consumers(model):
     """{layer name: [names of the layers that take its output]}, from the model's config."""
     config = model.get_config()
@@ -226,7 +233,7 @@ def profile_keras_model(model):
     layers = []
 
     def walk(m):
-        consumers = _consumers(m)
+        consumers, calls = _consumers(m), _calls(m)
         by_name = {layer.name: layer for layer in m.layers}
         for layer in m.layers:
             if isinstance(layer, keras.Model):
@@ -238,7 +245,8 @@ def profile_keras_model(model):
             if not consumers.get(layer.name) and m is not model:
                 readers = None  # a nested model's output: its reader is outside
             kept, out = layer_activation_bytes(layer, half, readers)
-            layers.append(LayerMemory(layer.name, layer.count_params(), kept, out))
+            n = calls.get(layer.name, 1)
+            layers.append(LayerMemory(layer.name, layer.count_params(), n * kept, out))
 
     walk(model)
     input_bytes = sum(_elements(t.shape) * 4 for t in inputs)

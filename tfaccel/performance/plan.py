@@ -291,12 +291,13 @@ def format_plan(result):
     lines += ["", f"device {device / GiB:g} GiB ({_gb(device)}), {100 * s.margin:g}% kept for "
               f"the framework: {'FITS' if result.fits else 'DOES NOT FIT'}, headroom "
               f"{_gb(result.headroom)}"]
+    one_device = [x for x in result.suggestions if "stages" not in x["settings"]]
+    if result.fits is False and not one_device:
+        lines += ["", "no change on one device makes it fit: TensorFlow has no ZeRO sharding "
+                  "and no CPU offload of optimizer states, so it needs several devices."]
     if result.suggestions:
         lines += ["", "changes that make it fit (cheapest first):"]
         lines += [f"- {x['change']}: {_gb(x['total'])}" for x in result.suggestions]
-    elif not result.fits:
-        lines += ["", "nothing TensorFlow offers makes it fit on this device (no ZeRO "
-                  "sharding or CPU offload of optimizer states in TensorFlow)."]
     if result.pipeline_devices:
         counts = [f"{n} x {gib} GiB" if n else f"no pipeline of {gib} GiB cards"
                   for gib, n in result.pipeline_devices.items()]
