@@ -357,6 +357,7 @@ def _sweep(cases, inputs, workdir):
     return results
 
 
+@pytest.mark.slow
 def test_errors_found_after_tensorflow_loads_are_one_line(inputs, tmp_path):
     for case, proc, _, _ in _sweep(LATE_CASES, inputs, str(tmp_path)):
         assert f"{TF_MARKER} True" in proc.stdout, case[0]  # these do load TensorFlow ...

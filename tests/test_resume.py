@@ -332,6 +332,7 @@ def test_recipe_resumes_after_kill_9(tmp_path):
     assert not (model_dir / "backup").exists()
 
 
+@pytest.mark.slow
 def test_kill_while_exporting_keeps_the_training(tmp_path):
     epochs, model_dir = 3, tmp_path / "run"
     command = _train_command(model_dir, epochs, backup_freq=None)  # the default backs up the end
