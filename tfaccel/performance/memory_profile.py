@@ -95,9 +95,6 @@ class MemoryProfile:
         kept = sum(layer.recompute_boundary_bytes or layer.output_bytes for layer in self.layers)
         return kept + max((layer.activation_bytes for layer in self.layers), default=0)
 
-    def largest_output_bytes(self):
-        return max((layer.output_bytes for layer in self.layers), default=0)
-
 
 def _elements(shape):
     dims = [d for d in tuple(shape)[1:]]
@@ -132,16 +129,15 @@ def _activation_name(layer):
     return name if isinstance(name, str) else None
 
 
-def _calls(model):
-    """{layer name: how many times the model calls it} (a shared layer keeps one set of
-    activations per call)."""
+def _calls(config):
+    """{layer name: how many times the model (its `get_config()`) calls it} (a shared layer
+    keeps one set of activations per call)."""
     return {c.get("name") or c["config"]["name"]: max(1, len(c.get("inbound_nodes") or [1]))
-            for c in model.get_config()["layers"]}
+            for c in config["layers"]}
 
 
-def _consumers(model):
+def _consumers(config):
     """{layer name: [names of the layers that take its output]}, from the model's config."""
-    config = model.get_config()
     names = [c.get("name") or c["config"]["name"] for c in config["layers"]]
     out = {name: [] for name in names}
     if not all("inbound_nodes" in c for c in config["layers"]):  # Sequential: a chain
@@ -233,7 +229,8 @@ def profile_keras_model(model):
     layers = []
 
     def walk(m):
-        consumers, calls = _consumers(m), _calls(m)
+        config = m.get_config()
+        consumers, calls = _consumers(config), _calls(config)
         by_name = {layer.name: layer for layer in m.layers}
         for layer in m.layers:
             if isinstance(layer, keras.Model):
