@@ -24,6 +24,7 @@ when the bare epochs take >= 2 s. Exit status 1 when the target is missed.
 import os
 
 import _cli
+import _fit_timing as timing
 import common
 from absl import flags
 
@@ -43,43 +44,6 @@ _cli.define_output_dir("runs/bench_overhead", "Where bench_overhead.json, the ch
 
 LONG_EPOCH_SECONDS = 2.0  # bare epochs at least this long have the tighter target
 TARGETS = {"short": 1.10, "long": 1.03}
-_HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
-          "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
-          "on_test_batch_begin", "on_test_batch_end")
-
-
-def _time_hooks(callbacks, calls, clock):
-    """Wraps each hook a callback overrides so that its calls land in `calls[name]` as
-    (start, seconds). Hooks a callback leaves to `Callback` stay unwrapped: Keras decides
-    from them which hooks to call at all, and that must not change."""
-    from tfaccel.keras import keras
-
-    for callback in callbacks:
-        name = type(callback).__name__
-        for hook in _HOOKS:
-            if getattr(type(callback), hook) is getattr(keras.callbacks.Callback, hook):
-                continue
-
-            def timed(*args, _inner=getattr(callback, hook), _calls=calls.setdefault(name, []),
-                      **kwargs):
-                start = clock()
-                try:
-                    return _inner(*args, **kwargs)
-                finally:
-                    _calls.append((start, clock() - start))
-
-            setattr(callback, hook, timed)
-
-
-def _steady_epochs(marks):
-    """Seconds of each epoch after the first, from the epoch-end times (`marks[0]`: start)."""
-    return [b - a for a, b in zip(marks[1:], marks[2:])]
-
-
-def _per_epoch(calls, marks):
-    """Each callback's hook seconds in each steady epoch (between two epoch ends)."""
-    windows = list(zip(marks[1:], marks[2:]))
-    return [sum(s for start, s in calls if lo < start <= hi) for lo, hi in windows]
 
 
 def main(argv):
@@ -88,7 +52,6 @@ def main(argv):
     import shutil
     import statistics
     import tempfile
-    import time
 
     from tfaccel import doctor, io, plots, summaries
     from tfaccel.errors import ConfigError
@@ -110,15 +73,6 @@ def main(argv):
     inputs = common.input_from_flags(splits, strategy, epoch=data_epoch.epoch)
     os.makedirs(FLAGS.output_dir, exist_ok=True)
 
-    class EpochClock(keras.callbacks.Callback):
-        """Last in the list: the time of each epoch end, after every other callback's."""
-
-        def on_train_begin(self, logs=None):
-            self.marks = [time.perf_counter()]
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.marks.append(time.perf_counter())
-
     def build():
         keras.utils.set_random_seed(FLAGS.seed)
         with strategy.scope():
@@ -129,7 +83,7 @@ def main(argv):
         return model
 
     def run(side, log):
-        model, clock, calls, callbacks = build(), EpochClock(), {}, []
+        model, clock, calls, callbacks = build(), timing.epoch_clock(), {}, []
         run_dir = tempfile.mkdtemp(prefix=f"{side}-", dir=FLAGS.output_dir)
         try:
             if side == "bare":
@@ -139,42 +93,28 @@ def main(argv):
                                            os.path.join(run_dir, "backup"), FLAGS.backup_freq,
                                            data_epoch, printer=lambda line: None)
                 callbacks, verbose = fit.callbacks, 2
-                _time_hooks(callbacks, calls, time.perf_counter)
+                timing.time_hooks(callbacks, calls)
             with contextlib.redirect_stdout(log):  # the recipe's per-epoch lines, to fit.log
                 model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
                           callbacks=[*callbacks, clock], verbose=verbose)
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
-            for callback in callbacks:  # data_epoch serves every run: unwrap its hooks
-                for hook in _HOOKS:
-                    vars(callback).pop(hook, None)
+            timing.unwrap_hooks(callbacks)  # data_epoch serves every run
         del model
         memory.free_memory()
-        return {"epoch_seconds": _steady_epochs(clock.marks),
-                "callback_seconds": {name: _per_epoch(c, clock.marks)
+        return {"epoch_seconds": timing.steady_epochs(clock.marks),
+                "callback_seconds": {name: timing.per_epoch(c, clock.marks)
                                      for name, c in calls.items()}}
 
-    runs = []
     with open(os.path.join(FLAGS.output_dir, "fit.log"), "w") as log:
-        for r in range(FLAGS.rounds):
-            for side in (("bare", "recipe") if r % 2 == 0 else ("recipe", "bare")):
-                runs.append({"round": r, "side": side, **run(side, log)})
-                epochs = runs[-1]["epoch_seconds"]
-                print(f"round {r + 1}/{FLAGS.rounds} {side:6s}: steady epoch median "
-                      f"{1000 * statistics.median(epochs):8.1f} ms, mean "
-                      f"{1000 * statistics.fmean(epochs):8.1f} ms", flush=True)
+        runs = timing.alternate(FLAGS.rounds, lambda side: run(side, log),
+                                printer=lambda line: print(line, flush=True))
 
-    def epochs_of(side):
-        return [s for run_ in runs if run_["side"] == side for s in run_["epoch_seconds"]]
-
-    bare, recipe = epochs_of("bare"), epochs_of("recipe")
+    bare, recipe = timing.epochs_of(runs, "bare"), timing.epochs_of(runs, "recipe")
     bare_median = statistics.median(bare)
     ratio = statistics.median(recipe) / bare_median
     mean_ratio = statistics.fmean(recipe) / statistics.fmean(bare)
-    round_ratios = []
-    for r in range(FLAGS.rounds):
-        side = {run_["side"]: run_["epoch_seconds"] for run_ in runs if run_["round"] == r}
-        round_ratios.append(statistics.median(side["recipe"]) / statistics.median(side["bare"]))
+    round_ratios = timing.round_ratios(runs)
     costs = {}
     for run_ in runs:
         for name, seconds in run_["callback_seconds"].items():

@@ -37,11 +37,14 @@ from shared_flags import (
     define_backup_flags,
     define_data_flags,
     define_distribute_flags,
+    define_gpt_flags,
     define_host_allocator_flag,
     define_model_flags,
+    define_optimizer_flags,
     define_performance_flags,
     define_pipeline_flags,
     define_schedule_flags,
+    define_text_flags,
     define_train_flags,
 )
 
@@ -52,7 +55,8 @@ __all__ = [
     # Re-exported: the flag machinery and the shared flags the recipes use.
     "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError", "check_choice",
     "check_flag", "choices", "command_line", "define_backup_flags", "define_data_flags",
-    "define_distribute_flags",
+    "define_distribute_flags", "define_gpt_flags", "define_text_flags",
+    "define_optimizer_flags",
     "define_host_allocator_flag", "define_model_flags", "define_performance_flags",
     "define_pipeline_flags", "define_schedule_flags", "define_train_flags", "flag_values",
     "int_list", "reject_extra_args", "require_ints",
@@ -301,7 +305,8 @@ def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
         device_memory=memory))
 
 
-def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print):
+def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print,
+                  extra=()):
     """The train recipe's callbacks for `fit`, in the order they must run; what
     benchmarks/bench_overhead.py times against a bare `fit`.
 
@@ -310,8 +315,9 @@ def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, p
     the others (they then see the restored state), kept after `fit` (removed once
     metrics.json is written: a kill while exporting loses nothing); `data_epoch`
     (`resume.EpochCounter`); learning rate, throughput, Keras's epoch scalars, peak memory,
-    hardware load every --monitor_every_n_steps steps. Unless --backup_freq is a number of
-    steps, none of them reads a tensor at every step.
+    hardware load every --monitor_every_n_steps steps; `extra` (a language model's metrics and
+    samples) after throughput, before TensorBoard (which writes what they add to the logs).
+    Unless --backup_freq is a number of steps, none of them reads a tensor at every step.
 
     Returns:
       `FitCallbacks(callbacks, backup, throughput)`: the list for `fit`, the backup callbacks
@@ -329,6 +335,7 @@ def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, p
     callbacks = [training.StopOnNonFiniteLoss(), *backup,
                  *([data_epoch] if data_epoch is not None else []),
                  summaries.LearningRateLogger(train_logdir, every_n_steps=10), throughput,
+                 *extra,
                  summaries.TensorBoard(logdir, update_freq="epoch"),  # no learning_rate copy
                  memory.PeakMemoryLogger(train_logdir)]
     if FLAGS.monitor_every_n_steps:

@@ -67,7 +67,8 @@ def define_model_flags(default="cnn"):
                         module_name=MODEL)
 
 
-def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_size=False):
+def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_size=False,
+                       optimizer="adam"):
     """--epochs (unless `epochs` is None), --batch_size (may be 'auto' if `auto_batch_size`),
     --optimizer, --learning_rate, --model_dir, --seed."""
     if epochs is not None:
@@ -78,7 +79,7 @@ def define_train_flags(epochs=30, batch_size=64, learning_rate=1e-3, auto_batch_
                      "; 'auto' trains a few steps at growing sizes and keeps the best measured "
                      "throughput that fits in memory." if auto_batch_size else "."),
                  serializer=flags.ArgumentSerializer(), module_name=TRAINING)
-    flags.DEFINE_enum("optimizer", "adam", choices.OPTIMIZERS, "Optimizer.",
+    flags.DEFINE_enum("optimizer", optimizer, choices.OPTIMIZERS, "Optimizer.",
                       module_name=TRAINING)
     flags.DEFINE_float("learning_rate", learning_rate, "Peak learning rate (> 0).",
                        module_name=TRAINING)
@@ -161,21 +162,22 @@ def define_pipeline_flags():
     check_flag("data_ram_budget_mb", _check_ram_budget)
 
 
-def define_schedule_flags():
+def define_schedule_flags(schedule="constant", warmup_epochs=0.0, min_lr_ratio=0.0):
     """--lr_schedule, --warmup_epochs, --decay_epochs, --decay_rate, --min_lr_ratio, piecewise."""
-    flags.DEFINE_string("lr_schedule", "constant", "Learning-rate schedule: "
+    flags.DEFINE_string("lr_schedule", schedule, "Learning-rate schedule: "
                         f"{', '.join(choices.SCHEDULES)}.", module_name=SCHEDULE)
     check_choice("lr_schedule", "learning-rate schedule", choices.SCHEDULES)
-    flags.DEFINE_float("warmup_epochs", 0.0, "Linear warmup from 0 to --learning_rate (epochs).",
-                       module_name=SCHEDULE)
+    flags.DEFINE_float("warmup_epochs", warmup_epochs, "Linear warmup from 0 to --learning_rate "
+                       "(epochs).", module_name=SCHEDULE)
     flags.DEFINE_float("decay_epochs", None, "step: epochs between decays; exponential, "
                        "polynomial, cosine: decay length; cosine_restarts: first cycle; "
                        "epoch_exponential: epochs kept before decaying (default 10). Default: "
                        "derived from --epochs.", module_name=SCHEDULE)
     flags.DEFINE_float("decay_rate", 0.1, "step/exponential: factor per decay; epoch_exponential: "
                        "rate r of the per-epoch factor exp(-r).", module_name=SCHEDULE)
-    flags.DEFINE_float("min_lr_ratio", 0.0, "cosine, cosine_restarts, polynomial: final learning "
-                       "rate as a fraction of --learning_rate.", module_name=SCHEDULE)
+    flags.DEFINE_float("min_lr_ratio", min_lr_ratio, "cosine, cosine_restarts, polynomial: "
+                       "final learning rate as a fraction of --learning_rate.",
+                       module_name=SCHEDULE)
     flags.DEFINE_list("lr_boundaries", [], "piecewise: epochs (after warmup) where the rate "
                       "changes.", module_name=SCHEDULE)
     flags.DEFINE_list("lr_multipliers", [], "piecewise: --learning_rate multipliers, one more "
@@ -203,8 +205,9 @@ def _check_device_memory(value):
         devices.parse_device_memory(value)
 
 
-def define_performance_flags():
-    """--precision, --jit_compile, --grad_accum_steps, memory flags, batch-size search, monitor."""
+def define_performance_flags(batch_search=True):
+    """--precision, --jit_compile, --grad_accum_steps, memory flags, the batch-size search's
+    (unless not `batch_search`), monitor."""
     flags.DEFINE_string("precision", "float32", f"{', '.join(choices.PRECISIONS)}, or auto: "
                         "time each on the actual model and data and keep the fastest (never "
                         "slower than float32).", module_name=PERFORMANCE)
@@ -224,11 +227,12 @@ def define_performance_flags():
                         "stream-ordered memory pool).", module_name=PERFORMANCE)
     check_choice("gpu_allocator", "GPU allocator", choices.ALLOCATORS)
     define_host_allocator_flag()
-    flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.",
-                         module_name=PERFORMANCE)
-    flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes whose "
-                       "peak RSS exceeds this (default: current RSS + half the available "
-                       "memory).", module_name=PERFORMANCE)
+    if batch_search:
+        flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.",
+                             module_name=PERFORMANCE)
+        flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes "
+                           "whose peak RSS exceeds this (default: current RSS + half the available "
+                           "memory).", module_name=PERFORMANCE)
     flags.DEFINE_float("auto_budget_seconds", 0.0, "Wall-clock budget of each timed search "
                        "(--precision/--jit_compile=auto, --batch_size=auto), shared by its "
                        "candidates; 0: 10% of one epoch or 60 s, whichever is larger.",
@@ -245,3 +249,67 @@ def define_performance_flags():
     check_flag("device_memory", _check_device_memory)
     flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
                          "memory every N steps to TensorBoard; 0: off.", module_name=PERFORMANCE)
+
+
+# --- The language-model recipes (train_lm, generate, bench_lm).
+
+def define_text_flags():
+    """--dataset=text, --data_dir, --tokenizer, --sequence_length (tfaccel.data.text)."""
+    flags.DEFINE_enum("dataset", "text", choices.TEXT_DATASETS, "text: the Python standard "
+                      "library's pydoc_data.topics (465k characters), or --data_dir.",
+                      module_name=DATA)
+    flags.DEFINE_string("data_dir", None, "A UTF-8 text file, or a folder of .txt/.md/.rst/.py "
+                        "files (read in sorted order), instead of the default corpus.",
+                        module_name=DATA)
+    flags.DEFINE_enum("tokenizer", "char", choices.TOKENIZERS, "char: the training text's "
+                      "characters (saved with the model); byte: UTF-8 bytes (256, nothing "
+                      "unknown).", module_name=DATA)
+    flags.DEFINE_integer("sequence_length", 0, "Tokens per training window (0: the model's "
+                         "context).", lower_bound=0, module_name=DATA)
+
+
+def _gpt_shape():
+    """(layers, heads, d_model, context) the --gpt_* flags ask for."""
+    size = choices.GPT_SIZES[FLAGS.gpt_size]
+    return (FLAGS.gpt_layers or size["layers"], FLAGS.gpt_heads or size["heads"],
+            FLAGS.gpt_d_model or size["d_model"], FLAGS.gpt_context or size["context"])
+
+
+def _check_gpt_heads(value):
+    del value
+    _, heads, d_model, _ = _gpt_shape()
+    if d_model % heads:
+        divisor = max(h for h in range(1, min(heads, d_model) + 1) if d_model % h == 0)
+        raise ConfigError(f"--gpt_heads={heads} does not divide --gpt_d_model={d_model}: pick "
+                          f"heads that divide it (e.g. {divisor}) or another d_model")
+
+
+def define_optimizer_flags(beta2=0.999, clip_norm=0.0):
+    """--adam_beta2 and --clip_norm (`tfaccel.train.training.make_optimizer`)."""
+    flags.DEFINE_float("adam_beta2", beta2, "adam/adamw: decay of the second-moment estimate.",
+                       lower_bound=0.0, upper_bound=0.99999, module_name=TRAINING)
+    flags.DEFINE_float("clip_norm", clip_norm, "Clip the global gradient norm to this (0: no "
+                       "clipping).", lower_bound=0.0, module_name=TRAINING)
+
+
+def define_gpt_flags():
+    """--model (gpt or a .keras file), --gpt_size and its overrides, --recompute."""
+    flags.DEFINE_string("model", "gpt", "gpt (the decoder-only Transformer of --gpt_size), or a "
+                        ".keras language model file to train further.", module_name=MODEL)
+    flags.DEFINE_enum("gpt_size", "tiny", tuple(choices.GPT_SIZES), "Named size: "
+                      + "; ".join(f"{k}: {v['layers']} layers, {v['heads']} heads, d_model "
+                                  f"{v['d_model']}, context {v['context']}"
+                                  for k, v in choices.GPT_SIZES.items()) + ".",
+                      module_name=MODEL)
+    for name, what in (("layers", "Transformer blocks"), ("heads", "attention heads"),
+                       ("d_model", "model width"), ("context", "longest sequence (positions)")):
+        flags.DEFINE_integer(f"gpt_{name}", None, f"{what.capitalize()} (default: "
+                             "--gpt_size's).", lower_bound=1, module_name=MODEL)
+    check_flag("gpt_heads", _check_gpt_heads)
+    flags.DEFINE_float("gpt_dropout", 0.0, "Dropout in the blocks (0 <= p < 1).",
+                       lower_bound=0.0, upper_bound=0.99, module_name=MODEL)
+    flags.DEFINE_bool("tie_embeddings", False, "Share the token embedding with the output "
+                      "layer (fewer parameters).", module_name=MODEL)
+    flags.DEFINE_bool("recompute", False, "Recompute each block's activations in the backward "
+                      "pass (tf.recompute_grad): activation memory of one block, not all, for "
+                      "about one more forward pass of compute.", module_name=PERFORMANCE)

@@ -80,22 +80,15 @@ def main(argv):
     common.pipeline_config(1)  # input and schedule flags checked now, not after the data loads
     common.lr_schedule(learning_rate, steps_per_epoch=1)
     # A finished run (metrics.json, written last, and the exports) is not trained again unless
-    # asked; every worker reads the same directory, so all of them decide alike.
-    finished = training.read_finished_run(common.default_model_dir())
-    distribute.barrier(strategy)  # every worker has read it before the chief may change it
+    # --retrain.
     backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
-    if finished is not None and not FLAGS.retrain:
-        if distribute.is_chief(strategy):
-            resume.remove_backup(backup_dir)  # left by a kill after metrics.json was written
+    finished = training.settle_finished_run(common.default_model_dir(), backup_dir, strategy,
+                                            FLAGS.retrain)
+    if finished is not None:
         print(f"{common.default_model_dir()} holds a finished run (test accuracy "
               f"{finished.get('test_accuracy', float('nan')):.4f} in metrics.json): not training "
               "again; pass --retrain (or another --model_dir) to train again")
         return
-    if finished is not None:  # --retrain
-        if distribute.is_chief(strategy):
-            resume.remove_backup(backup_dir)
-            os.remove(os.path.join(common.default_model_dir(), "metrics.json"))
-        distribute.barrier(strategy)  # no worker may restore the stale backup before it is gone
     splits = common.load_data()
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")

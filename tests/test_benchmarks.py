@@ -7,6 +7,7 @@ consistently, not that its targets hold (those need the full-size defaults).
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -17,10 +18,10 @@ from tfaccel import doctor, summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-NAMES = ("bench_data", "bench_memory", "bench_overhead", "bench_precision", "bench_prune",
-         "bench_tflite")
-WITH_OUTPUT_DIR = ("bench_data", "bench_memory", "bench_overhead", "bench_precision",
-                   "bench_prune")
+NAMES = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_precision",
+         "bench_prune", "bench_recompute", "bench_tflite")
+WITH_OUTPUT_DIR = ("bench_data", "bench_lm", "bench_memory", "bench_overhead",
+                   "bench_precision", "bench_prune", "bench_recompute")
 
 
 def _run(name, *args, timeout=600):
@@ -41,7 +42,8 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
     assert proc.stdout.startswith(_docstring(name).splitlines()[0])
     own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
            "bench_precision": "--precisions", "bench_overhead": "--rounds",
-           "bench_memory": "--configs"}[name]
+           "bench_memory": "--configs", "bench_lm": "--rounds",
+           "bench_recompute": "--configs"}[name]
     assert f"{own}:" in proc.stdout
     if name in WITH_OUTPUT_DIR:
         assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
@@ -255,3 +257,26 @@ def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     logdir = str(out / "logs")
     assert "cnn_sgd" in summaries.read_text(logdir)["bench/memory"]
     assert "bench_memory/resnet_bf16_ratio" in summaries.read_scalars(logdir)
+
+
+@pytest.mark.slow
+def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
+    out = tmp_path / "lm"
+    proc = _run("bench_lm", "--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32",
+                "--steps_per_epoch=20", "--epochs=3", "--rounds=1", "--sample_tokens=20",
+                f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: the target missed, measured
+    result = json.loads((out / "bench_lm.json").read_text())
+    assert [r["side"] for r in result["runs"]] == ["bare", "recipe"]
+    assert all(len(r["epoch_seconds"]) == 2 for r in result["runs"])  # first epoch left out
+    rates = result["tokens_per_sec"]
+    assert rates["bare"] > 0 and rates["recipe"] > 0
+    assert result["ratio"] == pytest.approx(rates["recipe"] / rates["bare"])
+    assert result["target"]["met"] == (result["ratio"] >= result["target"]["min_ratio"])
+    assert (proc.returncode == 0) == result["target"]["met"]
+    recipe = next(r for r in result["runs"] if r["side"] == "recipe")
+    assert {"LanguageModelMetrics", "SampleLogger", "TensorBoard"} <= set(
+        recipe["callback_seconds"])
+    assert re.search(r"(PASS|FAIL)  training tokens/s recipe/bare [\d.]+", proc.stdout)
+    _png_size(out / "bench_lm.png")
+    assert "bench/lm" in summaries.read_text(out / "logs")

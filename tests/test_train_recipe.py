@@ -191,10 +191,14 @@ SHARED_GROUPS = {
                  "learning-rate schedule flags": "--warmup_epochs"},
     "bench_input": {"data flags": "--on_bad_example", "input pipeline flags": "--shuffle_buffer",
                     "performance flags": "--host_allocator"},
+    "train_lm": {"data flags": "--tokenizer", "model flags": "--gpt_size",
+                 "training flags": "--clip_norm", "distribution flags": "--strategy",
+                 "learning-rate schedule flags": "--lr_schedule",
+                 "performance flags": "--recompute"},
 }
-RECIPE_NAMES = ("train", "prune", "optimize", "bench_input")
+RECIPE_NAMES = ("train", "prune", "optimize", "bench_input", "train_lm")
 OWN_FLAG = {"train": "--diagnose_input", "prune": "--m_by_n", "optimize": "--variants",
-            "bench_input": "--num_batches"}
+            "bench_input": "--num_batches", "train_lm": "--steps_per_epoch"}
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_GROUPS))
@@ -252,22 +256,34 @@ def _reads(tree):
 
 
 def _flags_acted_on(name):
-    """Flags read by recipes/<name>.py and by the recipes/common.py functions it reaches.
+    """Flags read by recipes/<name>.py and by the recipes/common.py (and lm_common.py)
+    functions it reaches.
 
     Reads inside check_* functions do not count: checking a flag is not acting on it (a
     --backup_dir only checked writable would still be ignored).
     """
     recipe = ast.parse(open(os.path.join(RECIPES, f"{name}.py")).read())
-    common = ast.parse(open(os.path.join(RECIPES, "common.py")).read())
-    functions = {f.name: f for f in common.body if isinstance(f, ast.FunctionDef)}
-    reached, todo = set(), [n.attr for n in ast.walk(recipe) if isinstance(n, ast.Attribute)
-                             and isinstance(n.value, ast.Name) and n.value.id == "common"]
+    functions = {}
+    for module in ("common", "lm_common", "shared_flags"):
+        tree = ast.parse(open(os.path.join(RECIPES, f"{module}.py")).read())
+        functions.update({(module, f.name): f for f in tree.body
+                          if isinstance(f, ast.FunctionDef)})
+
+    def called(tree, module=None):
+        calls = [(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                 and isinstance(n.value, ast.Name) and n.value.id in ("common", "lm_common")]
+        if module is not None:  # a module's own (or imported shared) functions, by name
+            calls += [(m, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name)
+                      for m in (module, "shared_flags")]
+        return calls
+
+    reached, todo = set(), called(recipe)
     while todo:
-        fn = todo.pop()
-        if fn in functions and fn not in reached and not fn.startswith("check_"):
-            reached.add(fn)
-            todo += [n.id for n in ast.walk(functions[fn]) if isinstance(n, ast.Name)]
-    return _reads(recipe).union(*(_reads(functions[fn]) for fn in reached))
+        key = todo.pop()
+        if key in functions and key not in reached and not key[1].startswith("check_"):
+            reached.add(key)
+            todo += called(functions[key], key[0])
+    return _reads(recipe).union(*(_reads(functions[key]) for key in reached))
 
 
 @pytest.mark.parametrize("name", RECIPE_NAMES)
@@ -289,7 +305,8 @@ def test_the_flag_check_catches_an_ignored_flag():
 @pytest.mark.parametrize("name", RECIPE_NAMES)
 def test_every_recipe_reads_its_input_through_input_from_flags(name):
     source = open(os.path.join(RECIPES, f"{name}.py")).read()
-    assert "common.input_from_flags(splits" in source
+    assert ("lm_common.lm_inputs(splits" if name == "train_lm"
+            else "common.input_from_flags(splits") in source
     assert "batch_dataset" not in source and "build_splits" not in source
 
 

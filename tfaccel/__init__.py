@@ -39,7 +39,19 @@ _EXPORTS = {
         "load_tfds", "from_arrays", "batch_dataset", "build_pipeline", "build_splits",
         "steps_per_epoch", "write_image_tfrecords",
     ],
+    "tfaccel.data.text": [
+        "TextSplits", "Vocabulary", "build_vocabulary", "load_vocabulary", "load_text_dataset",
+        "read_text",
+    ],
+    "tfaccel.data.text_pipeline": ["text_dataset"],
     "tfaccel.train.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
+    "tfaccel.train.gpt": [
+        "GPTConfig", "GPT_SIZES", "gpt_config", "build_gpt", "gpt_config_of", "with_recompute",
+    ],
+    "tfaccel.train.generate": ["generate", "export_language_model", "load_language_model"],
+    "tfaccel.train.language_model": [
+        "compile_language_model", "LanguageModelMetrics", "SampleLogger",
+    ],
     "tfaccel.train.training": [
         "make_optimizer", "compile_classifier", "evaluate", "export_model",
         "StopOnNonFiniteLoss", "read_finished_run",
@@ -94,6 +106,7 @@ _EXPORTS = {
         "evaluate_tflite", "measure_latency", "compare_latency", "tflite_sizes",
         "prediction_agreement", "weight_sparsity",
     ],
+    "tfaccel.compress.tflite_lm": ["language_model_tflite", "evaluate_language_model_tflite"],
     "tfaccel.compress.report": ["write_report", "comparison_rows"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -7,6 +7,16 @@ their list from here and re-export it (`tfaccel.DATASETS` is this `DATASETS`).
 Nothing here may import TensorFlow, Keras or NumPy.
 """
 
+TEXT_DATASETS = ("text",)
+TOKENIZERS = ("char", "byte")
+# The language model's named sizes (tfaccel.train.gpt, and the memory planner's
+# `--gpt_size`): tiny ~0.8M parameters with a character vocabulary, small ~10.7M (nanoGPT's
+# Shakespeare-char model), gpt2 GPT-2 small (~124M with its 50,257 tokens), 13b the 13B
+# decoder of Megatron / LLaMA-13B's shape (plan it; it trains only on many large GPUs).
+GPT_SIZES = {"tiny": {"layers": 4, "heads": 4, "d_model": 128, "context": 64},
+             "small": {"layers": 6, "heads": 6, "d_model": 384, "context": 256},
+             "gpt2": {"layers": 12, "heads": 12, "d_model": 768, "context": 1024},
+             "13b": {"layers": 40, "heads": 40, "d_model": 5120, "context": 2048}}
 DATASETS = ("digits", "synthetic", "image_dir", "npz", "tfrecord", "tfds")
 MODELS = ("mlp", "cnn", "resnet", "mobilenet_v2")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")

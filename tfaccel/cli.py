@@ -118,7 +118,7 @@ def _plan(args):
 
 
 def _add_plan_parser(sub):
-    from tfaccel.choices import OPTIMIZERS, PRECISIONS
+    from tfaccel.choices import GPT_SIZES, OPTIMIZERS, PRECISIONS
 
     p = sub.add_parser("plan", help="will this model train on this device? memory per device, "
                        "verdict, changes that fit")
@@ -127,7 +127,7 @@ def _add_plan_parser(sub):
     p.add_argument("--input_shape", type=_shape, default=(8, 8, 1),
                    help="a zoo model's input (default: digits, 8,8,1)")
     p.add_argument("--num_classes", type=_positive_int, default=10)
-    p.add_argument("--gpt_size", default="tiny", choices=("tiny", "small", "gpt2", "13b"),
+    p.add_argument("--gpt_size", default="tiny", choices=tuple(GPT_SIZES),
                    help="a named decoder size; --gpt_* and --sequence_length override it")
     for name in ("gpt_layers", "gpt_heads", "gpt_d_model", "sequence_length"):
         p.add_argument(f"--{name}", type=_positive_int, default=None)

@@ -4,6 +4,7 @@
 `build_pipeline` (or `build_splits`) turns them into fast batches for `fit`;
 `batch_dataset` is the same builder doing only shuffle-batch-prefetch, for simple uses.
 `DatasetInfo` and `Splits` (in `types`) are what every source returns.
+`text` is the language models' side: a corpus, its vocabulary, next-token windows.
 """
 
 from tfaccel.data.bad_files import check_image_file
@@ -18,6 +19,15 @@ from tfaccel.data.sources import (
     load_npz,
     load_synthetic,
 )
+from tfaccel.data.text import (
+    TextSplits,
+    Vocabulary,
+    build_vocabulary,
+    load_text_dataset,
+    load_vocabulary,
+    read_text,
+    text_dataset,
+)
 from tfaccel.data.tfds import load_tfds
 from tfaccel.data.tfrecord import load_tfrecord, write_image_tfrecords
 from tfaccel.data.tfrecord_scan import parse_feature_spec, scan_tfrecords
@@ -28,10 +38,13 @@ __all__ = [
     "DatasetInfo",
     "PipelineConfig",
     "Splits",
+    "TextSplits",
+    "Vocabulary",
     "auto_shard_policy",
     "batch_dataset",
     "build_pipeline",
     "build_splits",
+    "build_vocabulary",
     "check_image_file",
     "from_arrays",
     "load_dataset",
@@ -39,11 +52,15 @@ __all__ = [
     "load_image_dir",
     "load_npz",
     "load_synthetic",
+    "load_text_dataset",
+    "load_vocabulary",
     "load_tfds",
     "load_tfrecord",
     "parse_feature_spec",
     "pipeline_options",
+    "read_text",
     "scan_tfrecords",
     "steps_per_epoch",
+    "text_dataset",
     "write_image_tfrecords",
 ]

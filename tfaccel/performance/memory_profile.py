@@ -38,16 +38,14 @@ Example:
 import dataclasses
 import math
 
+from tfaccel import choices
 from tfaccel.errors import ConfigError, ModelError
 
 _HALF = ("float16", "bfloat16")
-GPT_SIZES = {  # name: (layers, heads, d_model, context)
-    "tiny": (4, 4, 128, 64),  # ~0.8M parameters with a character vocabulary
-    "small": (6, 6, 384, 256),  # ~10.7M
-    "gpt2": (12, 12, 768, 1024),  # GPT-2 small, ~124M with its 50,257 tokens
-    "13b": (40, 40, 5120, 2048),  # the 13B decoder of Megatron / LLaMA-13B's shape
-}
-"""Named decoder sizes for `profile_transformer` and `tfaccel plan --model=gpt --gpt_size=`."""
+GPT_SIZES = {name: (size["layers"], size["heads"], size["d_model"], size["context"])
+             for name, size in choices.GPT_SIZES.items()}
+"""Named decoder sizes (`tfaccel.choices.GPT_SIZES`) as (layers, heads, d_model, context),
+for `profile_transformer` and `tfaccel plan --model=gpt --gpt_size=`."""
 _VIEWS = ("Flatten", "Reshape", "InputLayer")
 
 

@@ -26,18 +26,25 @@ from tfaccel.io import atomic_path
 from tfaccel.keras import ensure_tf_keras, keras
 
 
-def make_optimizer(name, learning_rate, weight_decay=1e-4):
-    """An optimizer by name; `learning_rate` may be a float or a LearningRateSchedule."""
+def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip_norm=None):
+    """An optimizer by name; `learning_rate` may be a float or a LearningRateSchedule.
+
+    `beta_2` is Adam's and AdamW's second-moment decay (0.99 suits small batches of a
+    language model, as nanoGPT uses); `clip_norm` clips the global gradient norm (None: no
+    clipping).
+    """
+    clip = {} if not clip_norm else {"global_clipnorm": float(clip_norm)}
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate)
+        return keras.optimizers.SGD(learning_rate, **clip)
     if name == "momentum":
-        return keras.optimizers.SGD(learning_rate, momentum=0.9, nesterov=True)
+        return keras.optimizers.SGD(learning_rate, momentum=0.9, nesterov=True, **clip)
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate)
+        return keras.optimizers.Adam(learning_rate, beta_2=beta_2, **clip)
     if name == "adamw":
-        return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay)
+        return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta_2,
+                                      **clip)
     if name == "rmsprop":
-        return keras.optimizers.RMSprop(learning_rate)
+        return keras.optimizers.RMSprop(learning_rate, **clip)
     raise ConfigError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
@@ -101,6 +108,32 @@ def read_finished_run(model_dir, metrics_name="metrics.json",
     if not all(os.path.exists(os.path.join(os.fspath(model_dir), a)) for a in artifacts):
         return None
     return metrics
+
+
+def settle_finished_run(model_dir, backup_dir, strategy, retrain=False,
+                        artifacts=("model.keras", "saved_model")):
+    """What a rerun of a recipe in `model_dir` must do: the finished run's metrics (do not
+    train again), or None (train: nothing finished, or `retrain`).
+
+    Every worker reads the same folder, so all of them decide alike; the chief then
+    removes the backup a kill after metrics.json left behind, and under `retrain` that
+    metrics file too, before any worker could restore the stale backup.
+    """
+    from tfaccel import distribute
+    from tfaccel.train import resume
+
+    finished = read_finished_run(model_dir, artifacts=artifacts)
+    distribute.barrier(strategy)  # every worker has read it before the chief may change it
+    if finished is None:
+        return None
+    if distribute.is_chief(strategy):
+        resume.remove_backup(backup_dir)
+        if retrain:
+            os.remove(os.path.join(os.fspath(model_dir), "metrics.json"))
+    if not retrain:
+        return finished
+    distribute.barrier(strategy)
+    return None
 
 
 _MAX_PENDING = 1000  # steps whose losses StopOnNonFiniteLoss keeps unread at most

@@ -1,0 +1,166 @@
+"""The language-model recipe's training tokens/s against a bare `fit`, interleaved in one run.
+
+    python benchmarks/bench_lm.py                      # tiny GPT, the recipe's defaults
+    python benchmarks/bench_lm.py --gpt_size=small --sequence_length=128 --epochs=2
+
+Both sides train the same decoder (built afresh for every run with the same seed) on the
+same windows of the same text (recipes/lm_common.py, as recipes/train_lm.py builds them),
+--epochs epochs of --steps_per_epoch steps, with validation after each. A "recipe" run adds
+exactly the callbacks train_lm.py runs (`common.fit_callbacks` with the language-model
+metrics and the per-epoch sample) and its `verbose=2`; a "bare" run adds none. Runs
+alternate (bare, recipe, recipe, bare, ...) for --rounds rounds; an epoch's time is the
+time between two epoch ends, the first epoch (tracing) left out. Training tokens/s of a
+side is steps x batch x sequence length over its median steady epoch.
+
+It prints both sides' tokens/s and their ratio recipe / bare (median of the epochs, and
+per round), each callback's own time per epoch, and writes bench_lm.json, bench_lm.png and
+the table as TensorBoard text to --output_dir. Target (issue #15): ratio >= 0.95. Exit
+status 1 when it is missed.
+"""
+
+import os
+
+import _cli
+import _fit_timing as timing
+import common
+import lm_common
+from absl import flags
+
+FLAGS = flags.FLAGS
+common.define_text_flags()
+common.define_gpt_flags()
+common.define_train_flags(epochs=3, batch_size=12, learning_rate=2e-3, optimizer="adamw")
+flags.DEFINE_integer("steps_per_epoch", 250, "Optimizer steps per epoch.", lower_bound=1)
+common.define_optimizer_flags(beta2=0.99, clip_norm=1.0)
+common.define_distribute_flags()
+common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
+common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
+common.define_performance_flags(batch_search=False)
+flags.DEFINE_string("prompt", "The ", "The recipe side's per-epoch sample prompt.")
+flags.DEFINE_integer("sample_tokens", 200, "Tokens of each per-epoch sample (0: none).",
+                     lower_bound=0)
+flags.DEFINE_integer("rounds", 2, "Rounds of one bare and one recipe run (order alternating).",
+                     lower_bound=1)
+_cli.define_output_dir("runs/bench_lm", "Where bench_lm.json, the chart and TensorBoard logs "
+                       "go.")
+
+TARGET = 0.95  # recipe tokens/s over bare tokens/s, at least
+
+
+def main(argv):
+    del argv  # stray arguments were rejected with the flags
+    import contextlib
+    import shutil
+    import statistics
+    import tempfile
+
+    from tfaccel import doctor, io, plots, summaries
+    from tfaccel.keras import keras
+    from tfaccel.performance import memory, precision
+    from tfaccel.train import language_model, resume
+
+    length = lm_common.sequence_length()
+    resume.parse_backup_freq(FLAGS.backup_freq)
+    policy = precision.check_precision(FLAGS.precision)
+    jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
+    strategy = common.strategy_from_flags()
+    learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
+    splits = lm_common.load_text(length)
+    unit = language_model.UNITS[FLAGS.tokenizer]
+    precision.set_precision(policy)
+    data_epoch = resume.EpochCounter()  # one pipeline for both sides, as the recipe builds it
+    inputs = lm_common.lm_inputs(splits, length, strategy, epoch=data_epoch.epoch)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    tokens_per_epoch = FLAGS.steps_per_epoch * FLAGS.batch_size * length
+
+    def build():
+        keras.utils.set_random_seed(FLAGS.seed)
+        with strategy.scope():
+            model = lm_common.build_language_model(splits.vocab.size)
+            schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
+            lm_common.compile_from_flags(model, schedule, policy, jit_compile,
+                                         FLAGS.grad_accum_steps)
+        return model
+
+    def run(side, log):
+        model, clock, calls, callbacks = build(), timing.epoch_clock(), {}, []
+        run_dir = tempfile.mkdtemp(prefix=f"{side}-", dir=FLAGS.output_dir)
+        try:
+            if side == "bare":
+                callbacks, verbose = [], 0
+            else:
+                train_logdir = os.path.join(run_dir, "logs", "train")
+                extra = [language_model.LanguageModelMetrics(length, unit)]
+                if FLAGS.sample_tokens:
+                    extra.append(language_model.SampleLogger(
+                        train_logdir, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens,
+                        seed=FLAGS.seed, printer=None))
+                fit = common.fit_callbacks(run_dir, os.path.join(run_dir, "logs"),
+                                           os.path.join(run_dir, "backup"), FLAGS.backup_freq,
+                                           data_epoch, printer=lambda line: None, extra=extra)
+                callbacks, verbose = fit.callbacks, 2
+                timing.time_hooks(callbacks, calls)
+            with contextlib.redirect_stdout(log):  # the recipe's per-epoch lines, to fit.log
+                history = model.fit(inputs.train, validation_data=inputs.validation,
+                                    epochs=FLAGS.epochs, steps_per_epoch=inputs.steps_per_epoch,
+                                    callbacks=[*callbacks, clock], verbose=verbose)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            timing.unwrap_hooks(callbacks)  # data_epoch serves every run
+        del model
+        memory.free_memory()
+        return {"epoch_seconds": timing.steady_epochs(clock.marks),
+                "val_loss": float(history.history["val_loss"][-1]),
+                "callback_seconds": {name: timing.per_epoch(c, clock.marks)
+                                     for name, c in calls.items()}}
+
+    with open(os.path.join(FLAGS.output_dir, "fit.log"), "w") as log:
+        runs = timing.alternate(FLAGS.rounds, lambda side: run(side, log),
+                                printer=lambda line: print(line, flush=True))
+
+    bare, recipe = timing.epochs_of(runs, "bare"), timing.epochs_of(runs, "recipe")
+    rates = {side: tokens_per_epoch / statistics.median(epochs)
+             for side, epochs in (("bare", bare), ("recipe", recipe))}
+    ratio = rates["recipe"] / rates["bare"]
+    per_round = [1 / r for r in timing.round_ratios(runs)]
+    met = ratio >= TARGET
+    costs = {}
+    for run_ in runs:
+        for name, seconds in run_["callback_seconds"].items():
+            costs.setdefault(name, []).extend(seconds)
+    rows = [{"what": "bare fit (validation, no callbacks)", "tokens_per_sec": rates["bare"],
+             "median_epoch_ms": 1000 * statistics.median(bare)},
+            {"what": "recipe (train_lm.py's callbacks)", "tokens_per_sec": rates["recipe"],
+             "median_epoch_ms": 1000 * statistics.median(recipe)}]
+    rows += [{"what": f"  {name}", "median_epoch_ms": 1000 * statistics.median(s)}
+             for name, s in costs.items()]
+    table = summaries.markdown_table(rows, ["what", "tokens_per_sec", "median_epoch_ms"])
+    label = (f"GPT {FLAGS.gpt_size} on {splits.source}, batch {FLAGS.batch_size} x {length} "
+             f"tokens, {FLAGS.epochs} epochs of {FLAGS.steps_per_epoch} steps x {FLAGS.rounds} "
+             f"rounds, {policy}")
+    machine = doctor.machine_summary()
+    verdict = (f"{'PASS' if met else 'FAIL'}  training tokens/s recipe/bare {ratio:.3f} "
+               f"(target >= {TARGET:.2f}); per round " + ", ".join(f"{x:.3f}" for x in per_round))
+    print(f"\n{label}\nmachine: {machine}\nper steady epoch (hook time of each callback):\n"
+          f"{table}\n\n{verdict}")
+
+    logdir = os.path.join(FLAGS.output_dir, "logs")
+    summaries.write_text(logdir, "bench/lm", f"{label}\n\n{machine}\n\n{table}\n\n{verdict}")
+    png = os.path.join(FLAGS.output_dir, "bench_lm.png")
+    plots.plot_rates(["bare fit", "recipe"], [rates["bare"], rates["recipe"]], png,
+                     "training tokens/s (median steady epoch)",
+                     f"{label}: recipe / bare = {ratio:.3f}")
+    summaries.write_png(logdir, "bench/lm_plot", png)
+    io.write_json(os.path.join(FLAGS.output_dir, "bench_lm.json"), {
+        "config": {"gpt_size": FLAGS.gpt_size, "sequence_length": length,
+                   "batch_size": FLAGS.batch_size, "epochs": FLAGS.epochs,
+                   "steps_per_epoch": FLAGS.steps_per_epoch, "rounds": FLAGS.rounds,
+                   "precision": policy, "machine": machine},
+        "tokens_per_sec": rates, "ratio": ratio, "round_ratios": per_round,
+        "target": {"min_ratio": TARGET, "met": met}, "runs": runs})
+    print(f"\nwrote {FLAGS.output_dir}: bench_lm.json, bench_lm.png, fit.log, logs/")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    _cli.run(main)

@@ -1,0 +1,147 @@
+"""What the language-model recipes share (train_lm.py, generate.py, benchmarks/bench_lm.py).
+
+From the text and model flags (recipes/shared_flags.py: `define_text_flags`,
+`define_gpt_flags`) to tfaccel calls: the sequence length, checked against the model's
+context before any text is read; the corpus and its vocabulary; the decoder; the training
+and validation windows for `fit` under a strategy; and the compile. Flags are read here and
+in the recipes only.
+"""
+
+import collections
+import os
+
+import common
+from flagkit import FLAGS
+from shared_flags import _gpt_shape
+
+from tfaccel.errors import ConfigError
+
+MODEL_DIR_PREFIX = "lm-"  # runs/lm-text-gpt by default
+LMInputs = collections.namedtuple("LMInputs", "train validation steps_per_epoch")
+
+
+def model_context():
+    """The context (longest sequence) of the model the flags ask for, known before any
+    TensorFlow: --gpt_context or --gpt_size's."""
+    if FLAGS.model != "gpt":
+        raise ConfigError(f"--model={FLAGS.model}: the language-model recipes build "
+                          "--model=gpt (sized by --gpt_size and --gpt_*); continue from an "
+                          "exported one with recipes/generate.py --model_dir")
+    return _gpt_shape()[3]
+
+
+def sequence_length():
+    """--sequence_length, or the model's context when 0; a longer one is refused now."""
+    context = model_context()
+    length = FLAGS.sequence_length or context
+    if length > context:
+        raise ConfigError(f"--sequence_length={length} is larger than the model's context "
+                          f"{context}: pass --sequence_length<={context}, or "
+                          f"--gpt_context>={length}")
+    return length
+
+
+def load_text(length):
+    """The corpus the flags ask for, tokenized and split (`tfaccel.data.text.TextSplits`)."""
+    from tfaccel.data import text
+
+    return text.load_text_dataset(FLAGS.data_dir, FLAGS.tokenizer, sequence_length=length)
+
+
+def gpt_config(vocab_size):
+    """The `tfaccel.train.gpt.GPTConfig` of the --gpt_* flags for a `vocab_size` vocabulary."""
+    from tfaccel.train import gpt
+
+    layers, heads, d_model, context = _gpt_shape()
+    return gpt.gpt_config(FLAGS.gpt_size, vocab_size=vocab_size, layers=layers, heads=heads,
+                          d_model=d_model, context=context, dropout=FLAGS.gpt_dropout,
+                          tie_embeddings=FLAGS.tie_embeddings)
+
+
+def build_language_model(vocab_size, recompute=None):
+    """The decoder the flags ask for (call it in the strategy's scope, after the precision
+    policy is set); `recompute` defaults to --recompute."""
+    from tfaccel.train import gpt
+
+    return gpt.build_gpt(gpt_config(vocab_size),
+                         recompute=FLAGS.recompute if recompute is None else recompute)
+
+
+def lm_inputs(splits, length, strategy, epoch=None):
+    """Training and validation windows of `splits` for `fit` under `strategy`, global
+    --batch_size; training is an endless stream of which epoch k (of --steps_per_epoch
+    batches) is the same in an uninterrupted and in a resumed run (`epoch`:
+    `resume.EpochCounter().epoch`)."""
+    from tfaccel import distribute
+    from tfaccel.data import text
+
+    workers = distribute.num_workers(strategy)
+    train = text.text_dataset(splits.train, length, FLAGS.batch_size, training=True,
+                              seed=FLAGS.seed, epoch=epoch, steps_per_epoch=FLAGS.steps_per_epoch)
+    validation = text.text_dataset(splits.validation, length, FLAGS.batch_size, training=False,
+                                   drop_remainder=distribute.needs_drop_remainder(strategy))
+    return LMInputs(*(distribute.with_shard_policy(ds, True, workers)
+                      for ds in (train, validation)), FLAGS.steps_per_epoch)
+
+
+def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
+                       accum_steps=1):
+    """Compiles the language model with --optimizer at `learning_rate` (a float or a
+    schedule), loss scaling for mixed_float16, XLA, and gradient accumulation."""
+    from tfaccel.performance import accumulate, precision
+    from tfaccel.train import language_model, training
+
+    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, beta_2=FLAGS.adam_beta2,
+                                        clip_norm=FLAGS.clip_norm)
+    language_model.compile_language_model(model, precision.wrap_optimizer(optimizer, policy),
+                                          jit_compile=jit_compile)
+    if accum_steps == 1:
+        return model
+    return accumulate.enable_gradient_accumulation(model, accum_steps)
+
+
+def memory_plan(model, batch_size, policy, replicas, length):
+    """The memory plan of the decoder the flags describe (from its size: Korthikanti et al.'s
+    per-block activations), `batch_size` sequences of `length` tokens per device."""
+    from tfaccel.performance import devices, memory_profile, plan
+    from tfaccel.train import gpt
+
+    config = gpt.gpt_config_of(model)
+    profile = memory_profile.profile_transformer(
+        config.layers, config.d_model, config.heads, config.vocab_size, length,
+        tied=config.tie_embeddings, half=policy != "float32")
+    memory = FLAGS.device_memory or devices.default_device_memory()[0]
+    return plan.plan_memory(profile, plan.PlanSettings(
+        batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
+        grad_accum_steps=FLAGS.grad_accum_steps, replicas=replicas, device_memory=memory,
+        recompute=FLAGS.recompute))
+
+
+def lm_row(loss, unit):
+    """{'loss', 'bits_per_<unit>', 'perplexity'} of a validation loss in nats per token."""
+    from tfaccel.train import language_model
+
+    return {"loss": loss, **language_model.language_model_metrics(loss, unit)}
+
+
+def tflite_rows(model, tokens, length, model_dir, unit):
+    """model.tflite and model_int8.tflite (dynamic-range int8) of the float32 `model` in
+    `model_dir`, each with its validation loss on `tokens` and its size: report rows."""
+    from tfaccel.compress import tflite_lm
+
+    rows = []
+    for mode, name in (("float", "model.tflite"), ("dynamic_range", "model_int8.tflite")):
+        path = tflite_lm.language_model_tflite(model, os.path.join(model_dir, name), mode=mode,
+                                               sequence_length=length)
+        result = tflite_lm.evaluate_language_model_tflite(path, tokens, length)
+        rows.append({"model": name, "precision": "int8 weights" if mode != "float" else
+                     "float32", **lm_row(result["loss"], unit),
+                     "size_mb": os.path.getsize(path) / 1e6})
+    return rows
+
+
+def run(main):
+    """Runs a language-model recipe: flags checked, then the sequence length against the
+    context and the output folders, all before TensorFlow is imported."""
+    common.flagkit.run(main, preflight=lambda: (sequence_length(),
+                                                common.check_output_dirs(MODEL_DIR_PREFIX)))

@@ -1,0 +1,209 @@
+"""Train a decoder-only Transformer language model on text and write everything worth inspecting.
+
+    python recipes/train_lm.py                       # tiny GPT on pydoc_data.topics, ~3 min
+    python recipes/train_lm.py --data_dir=my_book.txt --gpt_size=small --sequence_length=256
+    python recipes/train_lm.py --precision=mixed_bfloat16 --grad_accum_steps=4 --recompute
+    python recipes/train_lm.py --strategy=mirrored --cpu_devices=2      # 2 replicas, no GPU
+    python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
+    tensorboard --logdir runs/lm-text-gpt/logs --host localhost
+
+An epoch is --steps_per_epoch optimizer steps of --batch_size windows of --sequence_length
+tokens (the defaults: 8 x 250 steps of 12 x 64 characters); after each, the validation
+loss over the last 10% of the text and a sample from --prompt. The learning rate warms up
+for half an epoch, then follows a cosine to a tenth of --learning_rate. Rerunning the same
+command after a crash resumes from the backup (epoch k sees the same windows either way).
+
+Writes to --model_dir: TensorBoard logs (loss, accuracy, bits per character, perplexity,
+tokens/s, learning rate, peak memory; the samples under Text), checkpoints/, the model
+(model.keras with vocabulary.json: what recipes/generate.py loads), model.tflite and
+model_int8.tflite (dynamic-range int8) with their validation losses, flags.cfg and
+metrics.json.
+"""
+
+import os
+import time
+
+import common
+import lm_common
+from absl import flags
+
+FLAGS = flags.FLAGS
+common.define_text_flags()
+common.define_gpt_flags()
+common.define_train_flags(epochs=8, batch_size=12, learning_rate=2e-3, optimizer="adamw")
+flags.DEFINE_integer("steps_per_epoch", 250, "Optimizer steps per epoch (validation, a sample "
+                     "and a backup chance at each epoch's end).", lower_bound=1)
+common.define_optimizer_flags(beta2=0.99, clip_norm=1.0)
+common.define_distribute_flags()
+common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
+common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
+common.define_performance_flags(batch_search=False)
+flags.DEFINE_string("prompt", "The ", "Text the per-epoch samples (and metrics.json's) start "
+                    "from.")
+flags.DEFINE_integer("sample_tokens", 200, "Tokens of each sample (0: none).", lower_bound=0)
+flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
+                  "int8) and report their validation losses beside the Keras model's.")
+flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
+
+
+def main(argv):
+    common.reject_extra_args(argv)
+    from tfaccel import distribute, io, summaries
+    from tfaccel.errors import ConfigError
+    from tfaccel.keras import keras
+    from tfaccel.performance import accumulate, plan, precision, trials
+    from tfaccel.train import generate, gpt, language_model, resume, training
+
+    # --- Inputs: everything that can be wrong is checked before anything is written.
+    length = lm_common.sequence_length()
+    backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
+    precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
+    jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
+    strategy = common.strategy_from_flags()
+    keras.utils.set_random_seed(FLAGS.seed)
+    replicas = strategy.num_replicas_in_sync
+    per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
+    accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
+    if "auto" in (precision_name, jit_compile) and distribute.num_workers(strategy) > 1:
+        raise ConfigError("--precision/--jit_compile=auto cannot run on several workers: "
+                          "measure with one process and pass the chosen values")
+    learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
+    common.lr_schedule(learning_rate, FLAGS.steps_per_epoch)  # schedule flags checked now
+    model_dir_default = common.default_model_dir(lm_common.MODEL_DIR_PREFIX)
+    backup_dir = FLAGS.backup_dir or os.path.join(model_dir_default, "backup")
+    finished = training.settle_finished_run(
+        model_dir_default, backup_dir, strategy, FLAGS.retrain,
+        artifacts=(generate.MODEL_FILE, generate.VOCABULARY_FILE))
+    if finished is not None:
+        print(f"{model_dir_default} holds a finished run (validation loss "
+              f"{finished.get('validation_loss', float('nan')):.4f} in metrics.json): not "
+              "training again; pass --retrain (or another --model_dir) to train again")
+        return
+    splits = lm_common.load_text(length)
+    unit = language_model.UNITS[FLAGS.tokenizer]
+    samples = None
+    if FLAGS.sample_tokens:
+        splits.vocab.encode(FLAGS.prompt)  # a prompt the vocabulary cannot spell: one line now
+    for warning in precision.precision_advice(precision_name):
+        print(f"warning: {warning}")
+    policy = "float32" if precision_name == "auto" else precision_name
+    precision.set_precision(policy)
+    with strategy.scope():
+        model = lm_common.build_language_model(splits.vocab.size)
+    config = gpt.gpt_config_of(model)
+    model_dir, logdir = common.run_dirs(strategy, lm_common.MODEL_DIR_PREFIX)
+    train_logdir = os.path.join(logdir, "train")
+    print(f"{splits.source}: {splits.num_characters:,} characters, {splits.vocab.kind} "
+          f"vocabulary of {splits.vocab.size}, {len(splits.train):,} training and "
+          f"{len(splits.validation):,} validation tokens; GPT {config.layers} layers x "
+          f"{config.heads} heads x d_model {config.d_model}, context {config.context}: "
+          f"{model.count_params():,} parameters")
+    print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
+          f"{FLAGS.batch_size} = {per_replica_batch} per replica x {replicas} replica(s) of "
+          f"{length} tokens; learning rate {learning_rate:g}")
+
+    # --- Data, precision/XLA trials if asked, compile.
+    data_epoch = resume.EpochCounter()  # epoch k's windows are the same after a resume
+    inputs = lm_common.lm_inputs(splits, length, strategy, epoch=data_epoch.epoch)
+    schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
+    choice = None
+    if "auto" in (precision_name, jit_compile):
+        with strategy.scope():
+            choice = trials.auto_select(
+                model, inputs.train, FLAGS.batch_size,
+                precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
+                jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
+                compile_fn=lambda m, p, j: lm_common.compile_from_flags(
+                    m, learning_rate, p, j, FLAGS.grad_accum_steps),
+                budget_seconds=FLAGS.auto_budget_seconds or "default",
+                steps_per_epoch=inputs.steps_per_epoch,
+                batch_multiple=replicas * FLAGS.grad_accum_steps)
+        policy, jit_compile = choice.precision, choice.jit_compile
+        print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
+              f"auto chose precision {policy}, jit_compile {jit_compile}")
+        precision.set_precision(policy)
+        with strategy.scope():
+            model = precision.apply_precision(model, policy)
+    with strategy.scope():
+        lm_common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
+
+    # --- Train, logging to TensorBoard.
+    common.write_run_config(model_dir, train_logdir)
+    summaries.write_text(train_logdir, "model/config", summaries.markdown_table(
+        [{"setting": k, "value": v} for k, v in config.to_json().items()]
+        + [{"setting": "parameters", "value": model.count_params()},
+           {"setting": "tokenizer", "value": splits.vocab.kind},
+           {"setting": "sequence_length", "value": length}]))
+    if choice is not None:
+        summaries.write_text(train_logdir, "performance/auto_precision",
+                             summaries.markdown_table(list(choice.table)))
+    if FLAGS.plan:
+        result = lm_common.memory_plan(model, per_replica_batch, policy, replicas, length)
+        print("memory plan:\n" + plan.write_plan(train_logdir, result,
+                                                 path=os.path.join(model_dir, "memory_plan.png")))
+    extra = [language_model.LanguageModelMetrics(length, unit)]
+    if FLAGS.sample_tokens:
+        samples = language_model.SampleLogger(train_logdir, splits.vocab, FLAGS.prompt,
+                                              FLAGS.sample_tokens, seed=FLAGS.seed)
+        extra.append(samples)
+    fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
+                                         extra=extra)
+    start = time.perf_counter()
+    history = model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
+                        steps_per_epoch=inputs.steps_per_epoch,
+                        callbacks=fit_callbacks.callbacks, verbose=2)
+    train_seconds = time.perf_counter() - start
+
+    # --- Evaluate, export (the model without recomputation, in float32 for TFLite), report.
+    validation = training.evaluate(model, inputs.validation)
+    exported = precision.apply_precision(gpt.with_recompute(model, False), "float32")
+    exports = generate.export_language_model(exported, splits.vocab, model_dir)
+    rows = [{"model": "keras", "precision": policy, **lm_common.lm_row(validation["loss"], unit),
+             "size_mb": None}]
+    if FLAGS.tflite and distribute.is_chief(strategy):
+        rows += lm_common.tflite_rows(exported, splits.validation, length, model_dir, unit)
+        summaries.write_text(train_logdir, "export/validation_loss",
+                             summaries.markdown_table(rows))
+        print(f"validation loss by export:\n{summaries.markdown_table(rows)}")
+    throughput = fit_callbacks.throughput
+    backup = fit_callbacks.backup
+    tokens_per_sec = (throughput.history[-1]["examples_per_sec"] * length
+                      if throughput.history else None)
+    sample = (generate.generate(model, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens,
+                                temperature=0.8, seed=FLAGS.seed) if FLAGS.sample_tokens else "")
+    metrics = {
+        "dataset": FLAGS.dataset, "source": splits.source, "tokenizer": splits.vocab.kind,
+        "vocabulary_size": splits.vocab.size, "model": config.to_json(),
+        "parameters": int(model.count_params()), "sequence_length": length,
+        "epochs": FLAGS.epochs, "steps_per_epoch": FLAGS.steps_per_epoch,
+        "batch_size": FLAGS.batch_size, "per_replica_batch_size": per_replica_batch,
+        "steps": int(model.optimizer.iterations.numpy()),
+        "validation_loss": validation["loss"],
+        f"validation_bits_per_{unit}": rows[0][f"bits_per_{unit}"],
+        "validation_perplexity": rows[0]["perplexity"],
+        "validation_accuracy": validation["accuracy"],
+        "train_loss": float(history.history["loss"][-1]) if history.history.get("loss") else None,
+        "train_seconds": train_seconds, "tokens_per_sec": tokens_per_sec,
+        "exports": exports, "export_validation": rows, "precision": policy,
+        "jit_compile": jit_compile, "grad_accum_steps": FLAGS.grad_accum_steps,
+        "recompute": FLAGS.recompute, "learning_rate": learning_rate,
+        "distribution": distribute.describe(strategy),
+        "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
+        "prompt": FLAGS.prompt, "sample": sample,
+        "samples_per_epoch": samples.samples if samples else [],
+    }
+    io.write_json(os.path.join(model_dir, "metrics.json"), metrics)  # last: the run finished
+    if distribute.is_chief(strategy):
+        resume.remove_backup(backup_dir)
+    print(f"\nGPT on {splits.source}: validation loss {validation['loss']:.4f} nats/{unit} "
+          f"({rows[0][f'bits_per_{unit}']:.3f} bits, perplexity {rows[0]['perplexity']:.2f}) "
+          f"after {metrics['steps']} steps in {train_seconds:.1f}s"
+          + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
+    if sample:
+        print(f"sample: {FLAGS.prompt + sample!r}")
+    print(f"wrote {model_dir}: model.keras, vocabulary.json, metrics.json, checkpoints/, logs/")
+    print(f"inspect: {summaries.tensorboard_command(logdir)}")
+
+
+if __name__ == "__main__":
+    lm_common.run(main)

@@ -1,0 +1,189 @@
+"""recipes/train_lm.py and recipes/generate.py: the language-model lane end to end.
+
+A small decoder (2 blocks, d_model 32, context 32) trains for a few dozen steps on the
+default corpus; what a real run writes (TensorBoard scalars and text, exports with their
+vocabulary, TFLite files and their losses, metrics.json) is read back, and the generate
+recipe continues a prompt from the export. Bad input is one line, exit 2, no traceback.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+from conftest import run_recipe
+
+from tfaccel import summaries
+from tfaccel.train import resume
+
+SMALL = ("--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32", "--steps_per_epoch=30",
+         "--sample_tokens=40", "--monitor_every_n_steps=0")
+
+
+def _train(model_dir, *extra, epochs=2, timeout=600):
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", f"--epochs={epochs}", *SMALL,
+                      *extra, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, json.loads((model_dir / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("lm") / "run"
+    return (model_dir, *_train(model_dir))
+
+
+@pytest.mark.slow
+def test_writes_exports_metrics_and_tflite_losses(short_run):
+    model_dir, proc, metrics = short_run
+    assert {"model.keras", "vocabulary.json", "model.tflite", "model_int8.tflite",
+            "metrics.json", "flags.cfg", "logs", "checkpoints"} <= set(os.listdir(model_dir))
+    assert not (model_dir / "backup").exists()  # removed once metrics.json is written
+    assert metrics["steps"] == 60 and metrics["sequence_length"] == 32
+    assert metrics["vocabulary_size"] == 104 and metrics["tokenizer"] == "char"
+    assert metrics["model"]["layers"] == 2 and metrics["parameters"] > 0
+    loss = metrics["validation_loss"]
+    assert 0 < loss < 4.65  # below a uniform guess over 104 symbols (ln 104 = 4.64)
+    assert metrics["validation_bits_per_char"] == pytest.approx(loss / 0.6931471805599453)
+    assert metrics["validation_perplexity"] == pytest.approx(2.718281828459045 ** loss)
+    rows = {r["model"]: r for r in metrics["export_validation"]}
+    assert rows["model.tflite"]["loss"] == pytest.approx(loss, rel=1e-3)
+    assert rows["model_int8.tflite"]["loss"] == pytest.approx(loss, rel=0.05)
+    assert rows["model_int8.tflite"]["size_mb"] < rows["model.tflite"]["size_mb"]
+    assert metrics["tokens_per_sec"] > 0
+    assert len(metrics["samples_per_epoch"]) == 2
+    assert re.search(r"validation loss [\d.]+ nats/char \([\d.]+ bits, perplexity", proc.stdout)
+
+
+@pytest.mark.slow
+def test_tensorboard_holds_language_model_scalars_and_samples(short_run):
+    model_dir, _, metrics = short_run
+    train = summaries.read_scalars(model_dir / "logs" / "train")
+    validation = summaries.read_scalars(model_dir / "logs" / "validation")
+    for tag in ("epoch_loss", "epoch_bits_per_char", "epoch_perplexity", "epoch_tokens_per_sec",
+                "learning_rate", "memory/peak_rss_mb"):
+        assert tag in train, (tag, sorted(train))
+    assert [step for step, _ in train["epoch_bits_per_char"]] == [0, 1]
+    assert validation["epoch_loss"][-1][1] == pytest.approx(metrics["validation_loss"], rel=1e-4)
+    assert "epoch_bits_per_char" in validation and "epoch_perplexity" in validation
+    texts = summaries.read_text(model_dir / "logs" / "train")
+    assert {"samples/generated", "config/flags", "model/config",
+            "export/validation_loss"} <= set(texts)
+    # The learning rate warms up, then decays (warmup+cosine is the default here).
+    rates = [v for _, v in train["learning_rate"]]
+    peak = rates.index(max(rates))
+    assert 0 < peak < len(rates) - 1 and rates[-1] < max(rates)
+
+
+@pytest.mark.slow
+def test_generate_recipe_continues_a_prompt_deterministically(short_run):
+    model_dir = short_run[0]
+    args = (f"--model_dir={model_dir}", "--prompt=The ", "--max_new_tokens=30", "--seed=3")
+    first, second = run_recipe("generate", *args), run_recipe("generate", *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.startswith("The ") and first.stdout == second.stdout
+    other = run_recipe("generate", *args[:-1], "--seed=4")
+    assert other.returncode == 0 and other.stdout != first.stdout
+    bad = run_recipe("generate", f"--model_dir={model_dir}", "--prompt=naïve ☃")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--tokenizer=byte" in bad.stderr
+
+
+@pytest.mark.slow
+def test_rerun_of_a_finished_run_trains_nothing(short_run):
+    model_dir = short_run[0]
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", "--epochs=2", *SMALL)
+    assert proc.returncode == 0
+    assert "holds a finished run (validation loss" in proc.stdout
+    assert "Epoch 1/2" not in proc.stdout
+
+
+def _binary(tmp_path):
+    path = tmp_path / "blob.txt"
+    path.write_bytes(b"abc\x00\x01\x02" * 100)
+    return path
+
+
+@pytest.mark.parametrize("args,expected", [
+    (("--gpt_heads=3", "--gpt_d_model=32"), "--gpt_heads=3 does not divide --gpt_d_model=32"),
+    (("--sequence_length=128",), "--sequence_length=128 is larger than the model's context 64"),
+    (("--model=cnn",), "--model=cnn"),
+    (("--data_dir={binary}",), "binary"),
+    pytest.param(("--data_dir={empty}",), "is empty", marks=pytest.mark.slow),
+    pytest.param(("--data_dir={short}",), "shorter than one window", marks=pytest.mark.slow),
+    pytest.param(("--prompt=☃",), "--tokenizer=byte", marks=pytest.mark.slow),
+])
+def test_bad_input_one_line_no_traceback(tmp_path, args, expected):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    short = tmp_path / "short.txt"
+    short.write_text("a short text")
+    paths = {"empty": empty, "binary": _binary(tmp_path), "short": short}
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}",
+                      *(a.format(**paths) for a in args), timeout=120)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert expected in lines[0]
+    assert not os.path.exists(model_dir / "metrics.json")
+
+
+@pytest.mark.slow
+def test_byte_level_model_takes_any_prompt(tmp_path):
+    model_dir = tmp_path / "run"
+    _, metrics = _train(model_dir, "--tokenizer=byte", "--prompt=naïve ☃ ", epochs=1)
+    assert metrics["vocabulary_size"] == 256 and "bits_per_byte" in json.dumps(metrics)
+    proc = run_recipe("generate", f"--model_dir={model_dir}", "--prompt=naïve ☃ ",
+                      "--max_new_tokens=20")
+    assert proc.returncode == 0 and proc.stdout.startswith("naïve ☃ "), proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_trains_mirrored_on_two_logical_cpus(tmp_path):
+    _, metrics = _train(tmp_path / "run", "--strategy=mirrored", "--cpu_devices=2")
+    assert metrics["distribution"]["replicas"] == 2
+    assert metrics["per_replica_batch_size"] == 6
+    assert metrics["validation_loss"] < 4.65
+
+
+@pytest.mark.slow
+def test_trains_under_mixed_bfloat16_with_accumulation(tmp_path):
+    _, metrics = _train(tmp_path / "run", "--precision=mixed_bfloat16", "--grad_accum_steps=4")
+    assert metrics["precision"] == "mixed_bfloat16" and metrics["grad_accum_steps"] == 4
+    assert metrics["steps"] == 60
+    assert metrics["validation_loss"] < 4.65
+    rows = {r["model"]: r for r in metrics["export_validation"]}
+    # The export is float32: its TFLite loss is the bf16 model's up to bf16 rounding.
+    assert rows["model.tflite"]["loss"] == pytest.approx(metrics["validation_loss"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_resumes_after_kill_9_to_the_same_result(tmp_path):
+    from conftest import RECIPES
+    from test_resume import _env, _Run
+
+    epochs, common_args = 4, ("--backup_freq=epoch", *SMALL)
+    _, straight = _train(tmp_path / "straight", "--backup_freq=epoch", epochs=epochs)
+    model_dir = tmp_path / "killed"
+    command = [os.sys.executable, os.path.join(RECIPES, "train_lm.py"),
+               f"--model_dir={model_dir}", f"--epochs={epochs}", *common_args]
+    first = _Run(command)
+    try:
+        assert first.wait_for(lambda: os.path.exists(model_dir / "backup" / "chief" / "checkpoint"))
+    finally:
+        assert first.kill() == -signal.SIGKILL, first.output[-3000:]
+    backup = resume.read_backup(model_dir / "backup")
+    assert backup is not None and 1 <= backup.epoch < epochs
+    second = subprocess.run(command, env=_env(), text=True, capture_output=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resume: continuing from backup {backup.path} at epoch {backup.epoch + 1}/" \
+        in second.stdout
+    resumed = json.loads((model_dir / "metrics.json").read_text())
+    assert resumed["resumed_at_epoch"] == backup.epoch + 1
+    assert resumed["steps"] == straight["steps"] == epochs * 30
+    # Same windows in each epoch, same optimizer state: the same model as the uninterrupted run.
+    assert resumed["validation_loss"] == pytest.approx(straight["validation_loss"], rel=1e-4)

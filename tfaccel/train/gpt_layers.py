@@ -1,0 +1,188 @@
+"""The GPT's layers of its own, and one block's layers and forward pass (`tfaccel.train.gpt`).
+
+`PositionEmbedding` (learned positions, added to the token embeddings) and
+`TiedEmbedding` (a token embedding that also computes the logits as `h @ E^T`) are the
+only layers a plain GPT needs beyond tf_keras's. `RecomputeBlock` is one Transformer
+block whose forward pass runs under `tf.recompute_grad`. All three are registered for
+.keras files under the package "tfaccel".
+
+Dropout under recomputation: `tf.recompute_grad` runs the block's forward again in the
+backward pass, and a stateful dropout (tf_keras's `Dropout`) draws a new mask when it
+runs again, so the gradients would be those of another network than the one whose loss
+was computed (tests/test_gpt.py shows it happen). `RecomputeBlock` therefore draws its
+dropout seeds once per call, outside the recomputed function, and drops with stateless
+ops from them: the recomputation drops the same units. `MultiHeadAttention` draws its
+attention-probability mask from its own stateful generator, so the GPT drops the
+embeddings and each residual branch (GPT-2's embedding and residual dropout) and not the
+attention probabilities.
+"""
+
+import tensorflow as tf
+
+from tfaccel.errors import ModelError
+from tfaccel.keras import keras
+
+LN_EPSILON = 1e-5
+INIT_STDDEV = 0.02  # GPT-2's initialization; residual projections get 0.02 / sqrt(2 layers)
+BLOCK_PARTS = ("ln_1", "attn", "attn_drop", "attn_add", "ln_2", "mlp_fc", "mlp_proj",
+               "mlp_drop", "mlp_add")  # forward order, which is also the weights' order
+
+
+def normal(stddev=INIT_STDDEV):
+    """A fresh (unshared) normal initializer."""
+    return keras.initializers.RandomNormal(stddev=stddev)
+
+
+def check_context(length, context):
+    """Raises ModelError when `length` tokens do not fit a `context`-token model."""
+    if length > context:
+        raise ModelError(f"sequence length {length} is larger than the model's context "
+                         f"{context}: pass --sequence_length<={context} or a model with a "
+                         "longer context")
+
+
+@keras.saving.register_keras_serializable(package="tfaccel")
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned embedding of positions 0..T-1 to `[batch, T, d]` inputs (T <= context)."""
+
+    def __init__(self, context, initializer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.context = int(context)
+        self.initializer = keras.initializers.get(initializer or normal())
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(name="embeddings", shape=(self.context, input_shape[-1]),
+                                          initializer=self.initializer)
+        super().build(input_shape)
+
+    def call(self, inputs):
+        if inputs.shape[1] is not None:
+            check_context(inputs.shape[1], self.context)
+        return inputs + self.embeddings[:tf.shape(inputs)[1]]
+
+    def get_config(self):
+        return dict(super().get_config(), context=self.context,
+                    initializer=keras.initializers.serialize(self.initializer))
+
+
+@keras.saving.register_keras_serializable(package="tfaccel")
+class TiedEmbedding(keras.layers.Embedding):
+    """A token embedding that also makes the logits: `layer(h, reverse=True)` is `h @ E^T`.
+
+    The model calls it twice (on the tokens, and on the last hidden states), so the
+    output projection has no weights of its own. It computes in its own dtype (float32
+    in `build_gpt`), so the logits are float32 under a mixed policy.
+    """
+
+    def call(self, inputs, reverse=False):
+        if not reverse:
+            return super().call(inputs)
+        kernel = tf.cast(self.embeddings, self.compute_dtype)
+        return tf.matmul(tf.cast(inputs, self.compute_dtype), kernel, transpose_b=True)
+
+
+def block_layers(prefix, d_model, heads, mlp_ratio, dropout, residual_stddev, dtype=None):
+    """{part: layer} of one block in forward order, named `<prefix>_<part>` (no dropout at 0)."""
+    def kw(part):
+        return {"name": f"{prefix}_{part}", **({} if dtype is None else {"dtype": dtype})}
+
+    layers = {
+        "ln_1": keras.layers.LayerNormalization(epsilon=LN_EPSILON, **kw("ln_1")),
+        "attn": keras.layers.MultiHeadAttention(heads, d_model // heads,
+                                                kernel_initializer=normal(), **kw("attn")),
+        "attn_add": keras.layers.Add(**kw("attn_add")),
+        "ln_2": keras.layers.LayerNormalization(epsilon=LN_EPSILON, **kw("ln_2")),
+        "mlp_fc": keras.layers.Dense(mlp_ratio * d_model, activation="gelu",
+                                     kernel_initializer=normal(), **kw("mlp_fc")),
+        "mlp_proj": keras.layers.Dense(d_model, kernel_initializer=normal(residual_stddev),
+                                       **kw("mlp_proj")),
+        "mlp_add": keras.layers.Add(**kw("mlp_add")),
+    }
+    if dropout:
+        layers["attn_drop"] = keras.layers.Dropout(dropout, **kw("attn_drop"))
+        layers["mlp_drop"] = keras.layers.Dropout(dropout, **kw("mlp_drop"))
+    return {part: layers[part] for part in BLOCK_PARTS if part in layers}
+
+
+def block_forward(layers, x, dropout=None):
+    """One pre-LayerNorm block of `layers` on `x`; `dropout(part, tensor)` drops a branch
+    (default: the block's Dropout layers, as the plain model does)."""
+    if dropout is None:
+        def dropout(part, t):
+            return layers[part](t) if part in layers else t
+
+    h = layers["ln_1"](x)
+    x = layers["attn_add"]([x, dropout("attn_drop", layers["attn"](h, h, use_causal_mask=True))])
+    h = layers["mlp_proj"](layers["mlp_fc"](layers["ln_2"](x)))
+    return layers["mlp_add"]([x, dropout("mlp_drop", h)])
+
+
+def _no_dropout(part, x):
+    return x
+
+
+def dropout_seeds():
+    """Two stateless-dropout seeds `[2, 2]` int64, fresh on every call (a stateful draw)."""
+    return tf.random.uniform((2, 2), maxval=tf.int64.max, dtype=tf.int64)
+
+
+@keras.saving.register_keras_serializable(package="tfaccel")
+class RecomputeBlock(keras.layers.Layer):
+    """A GPT block whose internals are recomputed in the backward pass (`tf.recompute_grad`).
+
+    It holds the same layers as the plain model's block `<name>` (`<name>_ln_1`,
+    `<name>_attn`, ...: same names, same weights in the same order) and keeps only its
+    input for the backward pass. In training its dropout masks come from seeds drawn
+    once per call, outside the recomputed function, through stateless ops, so the
+    recomputation drops the same units as the forward pass did.
+    """
+
+    def __init__(self, d_model, heads, mlp_ratio=4, dropout=0.0, residual_stddev=INIT_STDDEV,
+                 **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.heads, self.mlp_ratio = int(d_model), int(heads), int(mlp_ratio)
+        self.dropout, self.residual_stddev = float(dropout), float(residual_stddev)
+        layers = block_layers(self.name, self.d_model, self.heads, self.mlp_ratio, self.dropout,
+                              self.residual_stddev, dtype=self.dtype_policy)
+        self._parts = tuple(layers)
+        for part, layer in layers.items():  # tracked in forward order: the weights' order
+            setattr(self, part, layer)
+
+    @property
+    def block_layers(self):
+        """{part: layer} in forward order ('ln_1', 'attn', ..., 'mlp_add')."""
+        return {part: getattr(self, part) for part in self._parts}
+
+    def build(self, input_shape):
+        # The variables are made here, once, outside tf.recompute_grad (which must not make
+        # any), by a plain forward pass on one token; the absolute name scope ("") gives them
+        # the plain model's names ("block_0_ln_1/gamma:0").
+        with tf.name_scope(""):
+            block_forward(self.block_layers, tf.zeros((1, 1, self.d_model), self.compute_dtype),
+                          _no_dropout)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        layers, drop = self.block_layers, _no_dropout
+        if self.dropout and training is not None and training is not False:
+            # Drawn outside the recomputed function, so that the recomputation reuses them.
+            seeds = dropout_seeds()
+
+            def drop(part, x):
+                dropped = tf.nn.experimental.stateless_dropout(
+                    x, self.dropout, seed=seeds[0 if part == "attn_drop" else 1])
+                return dropped if training is True else tf.where(tf.cast(training, tf.bool),
+                                                                  dropped, x)
+
+        def forward(x):
+            return block_forward(layers, x, drop)
+
+        return tf.recompute_grad(forward)(inputs)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return dict(super().get_config(), d_model=self.d_model, heads=self.heads,
+                    mlp_ratio=self.mlp_ratio, dropout=self.dropout,
+                    residual_stddev=self.residual_stddev)
