@@ -18,17 +18,27 @@ HOOKS = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
 
 
 def epoch_clock():
-    """A callback (last in the list) keeping `marks`: the start and each epoch end's time."""
+    """A callback (last in the list) keeping `marks`, the start and each epoch end's time, and
+    `test_marks`, when each epoch's validation began (so that `steady_training` is the
+    epochs' training part: from the previous epoch's end to the validation)."""
     from tfaccel.keras import keras
 
     class EpochClock(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
-            self.marks = [time.perf_counter()]
+            self.marks, self.test_marks = [time.perf_counter()], []
+
+        def on_test_begin(self, logs=None):
+            self.test_marks.append(time.perf_counter())
 
         def on_epoch_end(self, epoch, logs=None):
             self.marks.append(time.perf_counter())
 
     return EpochClock()
+
+
+def steady_training(clock):
+    """Seconds of each epoch's training part after the first (needs validation each epoch)."""
+    return [t - m for m, t in zip(clock.marks[1:], clock.test_marks[1:])]
 
 
 def time_hooks(callbacks, calls, clock=time.perf_counter):

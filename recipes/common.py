@@ -53,19 +53,18 @@ from tfaccel.errors import ConfigError
 
 __all__ = [
     # Re-exported: the flag machinery and the shared flags the recipes use.
-    "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError", "check_choice",
-    "check_flag", "choices", "command_line", "define_backup_flags", "define_data_flags",
-    "define_distribute_flags", "define_gpt_flags", "define_text_flags",
-    "define_optimizer_flags",
-    "define_host_allocator_flag", "define_model_flags", "define_performance_flags",
-    "define_pipeline_flags", "define_schedule_flags", "define_train_flags", "flag_values",
-    "int_list", "reject_extra_args", "require_ints",
+    "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError", "check_choice", "check_flag",
+    "choices", "command_line", "define_backup_flags", "define_data_flags",
+    "define_distribute_flags", "define_gpt_flags", "define_host_allocator_flag",
+    "define_model_flags", "define_optimizer_flags", "define_performance_flags",
+    "define_pipeline_flags", "define_schedule_flags", "define_text_flags", "define_train_flags",
+    "flag_values", "int_list", "reject_extra_args", "require_ints",
     # The setup.
     "load_data", "load_model", "model_label", "default_model_dir", "check_output_dirs",
     "run_dirs", "write_run_config", "use_host_allocator", "check_host_allocator",
     "strategy_from_flags", "scaled_learning_rate", "pipeline_config", "Inputs",
     "input_from_flags", "lr_schedule", "compile_from_flags", "FitCallbacks", "fit_callbacks",
-    "run",
+    "memory_plan", "run",
 ]
 
 
@@ -98,7 +97,7 @@ def load_model(info):
 
 def model_label():
     """A short name of the model for default paths and reports."""
-    if FLAGS.model_fn:
+    if FLAGS.get_flag_value("model_fn", None):  # the language-model recipes have none
         return FLAGS.model_fn.rpartition(":")[2]
     base = os.path.basename(os.path.normpath(FLAGS.model))
     return base.rsplit(".", 1)[0] if "." in base else base
@@ -153,7 +152,6 @@ def use_host_allocator():
 def check_host_allocator():
     """Warns when --host_allocator=pooled came too late; initializes TensorFlow's devices."""
     from tfaccel.performance import memory
-
     if FLAGS.host_allocator == "pooled" and not memory.pooled_host_allocator_active():
         print("warning: --host_allocator=pooled had no effect: TensorFlow allocated host memory "
               "before the recipe could set it")
@@ -275,16 +273,18 @@ def lr_schedule(learning_rate, steps_per_epoch):
 
 
 def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
-                       accum_steps=1):
-    """Compiles `model` with --optimizer at `learning_rate` (a float or a schedule): loss
-    scaling for a mixed_float16 `policy`, XLA when `jit_compile`, and gradient accumulation
-    over `accum_steps` micro-batches. Call it in the strategy's scope. Returns `model`."""
+                       accum_steps=1, compile_fn=None):
+    """Compiles `model` (`compile_fn`, default `training.compile_classifier`) with --optimizer
+    (and --adam_beta2/--clip_norm/--weight_decay if defined) at `learning_rate`: loss scaling
+    for mixed_float16, XLA, accumulation over `accum_steps`. In the strategy's scope."""
     from tfaccel.performance import accumulate, precision
     from tfaccel.train import training
 
-    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate)
-    training.compile_classifier(model, precision.wrap_optimizer(optimizer, policy),
-                                jit_compile=jit_compile)
+    tuned = ({"weight_decay": FLAGS.weight_decay, "beta_2": FLAGS.adam_beta2, "clip_norm":
+              FLAGS.clip_norm} if "clip_norm" in FLAGS else {})
+    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, **tuned)
+    (compile_fn or training.compile_classifier)(
+        model, precision.wrap_optimizer(optimizer, policy), jit_compile=jit_compile)
     if accum_steps == 1:
         return model
     return accumulate.enable_gradient_accumulation(model, accum_steps)

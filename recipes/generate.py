@@ -26,8 +26,14 @@ flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
 
 def main(argv):
     common.reject_extra_args(argv)
+    import os
+
+    from tfaccel.data import text
     from tfaccel.train import generate
 
+    path = os.path.join(FLAGS.model_dir, generate.VOCABULARY_FILE)
+    if os.path.exists(path):  # a prompt the vocabulary cannot spell: one line, no model loaded
+        text.load_vocabulary(path).encode(FLAGS.prompt)
     model, vocab = generate.load_language_model(FLAGS.model_dir)
     text = generate.generate(model, vocab, FLAGS.prompt, FLAGS.max_new_tokens,
                              temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,

@@ -20,13 +20,37 @@ MODEL_DIR_PREFIX = "lm-"  # runs/lm-text-gpt by default
 LMInputs = collections.namedtuple("LMInputs", "train validation steps_per_epoch")
 
 
+# The language model's defaults (train_lm.py and benchmarks/bench_lm.py define the same flags
+# here): 8 epochs x 250 steps of 12 windows, AdamW at 3e-3 with beta2 0.99 and clipping at 1,
+# half an epoch of warmup, then a cosine to a tenth (measured: docs/language-models.md).
+EPOCHS, STEPS_PER_EPOCH, BATCH_SIZE, LEARNING_RATE = 8, 250, 12, 3e-3
+
+
+def define_flags():
+    """Every flag the language-model recipe and its benchmark share, with their defaults."""
+    from absl import flags
+
+    common.define_text_flags()
+    common.define_gpt_flags()
+    common.define_train_flags(epochs=EPOCHS, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
+                              optimizer="adamw")
+    flags.DEFINE_integer("steps_per_epoch", STEPS_PER_EPOCH, "Optimizer steps per epoch "
+                         "(validation, a sample and a backup chance at each epoch's end).",
+                         lower_bound=1, module_name=common.flagkit.TRAINING)
+    common.define_optimizer_flags(beta2=0.99, clip_norm=1.0)
+    common.define_distribute_flags()
+    common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
+    common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
+    common.define_performance_flags(batch_search=False)
+    flags.DEFINE_string("prompt", "The ", "Text the per-epoch samples (and metrics.json's) "
+                        "start from.", module_name=common.flagkit.TRAINING)
+    flags.DEFINE_integer("sample_tokens", 200, "Tokens of each per-epoch sample (0: none).",
+                         lower_bound=0, module_name=common.flagkit.TRAINING)
+
+
 def model_context():
     """The context (longest sequence) of the model the flags ask for, known before any
     TensorFlow: --gpt_context or --gpt_size's."""
-    if FLAGS.model != "gpt":
-        raise ConfigError(f"--model={FLAGS.model}: the language-model recipes build "
-                          "--model=gpt (sized by --gpt_size and --gpt_*); continue from an "
-                          "exported one with recipes/generate.py --model_dir")
     return _gpt_shape()[3]
 
 
@@ -86,18 +110,11 @@ def lm_inputs(splits, length, strategy, epoch=None):
 
 def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
                        accum_steps=1):
-    """Compiles the language model with --optimizer at `learning_rate` (a float or a
-    schedule), loss scaling for mixed_float16, XLA, and gradient accumulation."""
-    from tfaccel.performance import accumulate, precision
-    from tfaccel.train import language_model, training
+    """`common.compile_from_flags` for a language model (next-token loss from logits)."""
+    from tfaccel.train import language_model
 
-    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, beta_2=FLAGS.adam_beta2,
-                                        clip_norm=FLAGS.clip_norm)
-    language_model.compile_language_model(model, precision.wrap_optimizer(optimizer, policy),
-                                          jit_compile=jit_compile)
-    if accum_steps == 1:
-        return model
-    return accumulate.enable_gradient_accumulation(model, accum_steps)
+    return common.compile_from_flags(model, learning_rate, policy, jit_compile, accum_steps,
+                                     compile_fn=language_model.compile_language_model)
 
 
 def memory_plan(model, batch_size, policy, replicas, length):
@@ -115,6 +132,35 @@ def memory_plan(model, batch_size, policy, replicas, length):
         batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
         grad_accum_steps=FLAGS.grad_accum_steps, replicas=replicas, device_memory=memory,
         recompute=FLAGS.recompute))
+
+
+MODEL_CONFIG_FILE = "model_config.json"  # what a backup in --backup_dir was trained as
+
+
+def model_description(config, length):
+    """What a backup must match to be resumed: the decoder, recomputation, tokens."""
+    return {**config.to_json(), "recompute": bool(FLAGS.recompute),
+            "tokenizer": FLAGS.tokenizer, "sequence_length": length}
+
+
+def check_resumable(model_dir, backup_dir, description):
+    """Raises ConfigError (one line) when `backup_dir` holds a backup of another model than
+    `description` (its checkpoint would not load): say which setting changed."""
+    import json
+
+    from tfaccel.train import resume
+
+    path = os.path.join(model_dir, MODEL_CONFIG_FILE)
+    if resume.read_backup(backup_dir) is None or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        before = json.load(f)
+    changed = [f"{k}={before.get(k)!r} -> {v!r}" for k, v in description.items()
+               if before.get(k) != v]
+    if changed:
+        raise ConfigError(f"the backup in {backup_dir} is of another model ({', '.join(changed)})"
+                          ": rerun with its flags to resume it, or remove that folder to start "
+                          "again")
 
 
 def lm_row(loss, unit):

@@ -284,18 +284,21 @@ def _check_gpt_heads(value):
                           f"heads that divide it (e.g. {divisor}) or another d_model")
 
 
-def define_optimizer_flags(beta2=0.999, clip_norm=0.0):
-    """--adam_beta2 and --clip_norm (`tfaccel.train.training.make_optimizer`)."""
+def define_optimizer_flags(beta2=0.999, clip_norm=0.0, weight_decay=1e-4):
+    """--adam_beta2, --clip_norm, --weight_decay (`tfaccel.train.training.make_optimizer`)."""
     flags.DEFINE_float("adam_beta2", beta2, "adam/adamw: decay of the second-moment estimate.",
                        lower_bound=0.0, upper_bound=0.99999, module_name=TRAINING)
     flags.DEFINE_float("clip_norm", clip_norm, "Clip the global gradient norm to this (0: no "
                        "clipping).", lower_bound=0.0, module_name=TRAINING)
+    flags.DEFINE_float("weight_decay", weight_decay, "adamw: decoupled weight decay.",
+                       lower_bound=0.0, module_name=TRAINING)
 
 
 def define_gpt_flags():
     """--model (gpt or a .keras file), --gpt_size and its overrides, --recompute."""
-    flags.DEFINE_string("model", "gpt", "gpt (the decoder-only Transformer of --gpt_size), or a "
-                        ".keras language model file to train further.", module_name=MODEL)
+    flags.DEFINE_enum("model", "gpt", ("gpt",), "gpt: the decoder-only Transformer of "
+                      "--gpt_size (recipes/generate.py loads what train_lm.py exports).",
+                      module_name=MODEL)
     flags.DEFINE_enum("gpt_size", "tiny", tuple(choices.GPT_SIZES), "Named size: "
                       + "; ".join(f"{k}: {v['layers']} layers, {v['heads']} heads, d_model "
                                   f"{v['d_model']}, context {v['context']}"

@@ -28,19 +28,7 @@ import lm_common
 from absl import flags
 
 FLAGS = flags.FLAGS
-common.define_text_flags()
-common.define_gpt_flags()
-common.define_train_flags(epochs=8, batch_size=12, learning_rate=2e-3, optimizer="adamw")
-flags.DEFINE_integer("steps_per_epoch", 250, "Optimizer steps per epoch (validation, a sample "
-                     "and a backup chance at each epoch's end).", lower_bound=1)
-common.define_optimizer_flags(beta2=0.99, clip_norm=1.0)
-common.define_distribute_flags()
-common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
-common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
-common.define_performance_flags(batch_search=False)
-flags.DEFINE_string("prompt", "The ", "Text the per-epoch samples (and metrics.json's) start "
-                    "from.")
-flags.DEFINE_integer("sample_tokens", 200, "Tokens of each sample (0: none).", lower_bound=0)
+lm_common.define_flags()
 flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
                   "int8) and report their validation losses beside the Keras model's.")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
@@ -59,6 +47,12 @@ def main(argv):
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
     precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
     jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
+    # The text and the prompt first (NumPy only): a bad file is one line before any device
+    # is set up or a finished run's files are touched.
+    splits = lm_common.load_text(length)
+    unit = language_model.UNITS[FLAGS.tokenizer]
+    if FLAGS.sample_tokens:
+        splits.vocab.encode(FLAGS.prompt)  # a prompt the vocabulary cannot spell: one line now
     strategy = common.strategy_from_flags()
     keras.utils.set_random_seed(FLAGS.seed)
     replicas = strategy.num_replicas_in_sync
@@ -79,19 +73,18 @@ def main(argv):
               f"{finished.get('validation_loss', float('nan')):.4f} in metrics.json): not "
               "training again; pass --retrain (or another --model_dir) to train again")
         return
-    splits = lm_common.load_text(length)
-    unit = language_model.UNITS[FLAGS.tokenizer]
+    config = lm_common.gpt_config(splits.vocab.size)
+    description = lm_common.model_description(config, length)
+    lm_common.check_resumable(model_dir_default, backup_dir, description)
     samples = None
-    if FLAGS.sample_tokens:
-        splits.vocab.encode(FLAGS.prompt)  # a prompt the vocabulary cannot spell: one line now
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")
     policy = "float32" if precision_name == "auto" else precision_name
     precision.set_precision(policy)
     with strategy.scope():
         model = lm_common.build_language_model(splits.vocab.size)
-    config = gpt.gpt_config_of(model)
     model_dir, logdir = common.run_dirs(strategy, lm_common.MODEL_DIR_PREFIX)
+    io.write_json(os.path.join(model_dir, lm_common.MODEL_CONFIG_FILE), description)
     train_logdir = os.path.join(logdir, "train")
     print(f"{splits.source}: {splits.num_characters:,} characters, {splits.vocab.kind} "
           f"vocabulary of {splits.vocab.size}, {len(splits.train):,} training and "

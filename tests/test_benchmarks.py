@@ -268,7 +268,10 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: the target missed, measured
     result = json.loads((out / "bench_lm.json").read_text())
     assert [r["side"] for r in result["runs"]] == ["bare", "recipe"]
-    assert all(len(r["epoch_seconds"]) == 2 for r in result["runs"])  # first epoch left out
+    for run in result["runs"]:  # the first epoch left out; training part shorter than epoch
+        assert len(run["epoch_seconds"]) == len(run["train_seconds"]) == 2
+        assert all(0 < t < e for t, e in zip(run["train_seconds"], run["epoch_seconds"]))
+    assert result["validation_loss"] < 4.64 and result["recipe_fit_seconds"] > 0
     rates = result["tokens_per_sec"]
     assert rates["bare"] > 0 and rates["recipe"] > 0
     assert result["ratio"] == pytest.approx(rates["recipe"] / rates["bare"])

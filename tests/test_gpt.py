@@ -317,13 +317,13 @@ def test_recompute_with_dropout_trains_with_fit():
 def test_bench_recompute_measures_a_lower_peak_with_recompute(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_recompute.py"),
-         "--configs=fit_f32", "--layers=4", "--d_model=64", "--context=128", "--batch_size=8",
-         "--repeats=2", "--steps=2", f"--output_dir={tmp_path}"],
+         "--configs=fit_f32", "--layers=2", "--d_model=64", "--context=128", "--batch_size=8",
+         "--repeats=1", "--steps=2", f"--output_dir={tmp_path}"],
         capture_output=True, text=True, timeout=900, cwd=ROOT, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "bench_recompute.json").read_text())
     (row,) = report["rows"]
-    assert len(row["plain_peaks"]) == len(row["recompute_peaks"]) == 2
+    assert len(row["plain_peaks"]) == len(row["recompute_peaks"]) == 1
     assert row["recompute_peak"] < row["plain_peak"] and row["ratio"] < 1
     np.testing.assert_allclose(row["recompute_loss"], row["plain_loss"], rtol=1e-4)
     assert (tmp_path / "bench_recompute.png").stat().st_size > 0

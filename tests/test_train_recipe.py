@@ -198,7 +198,7 @@ SHARED_GROUPS = {
 }
 RECIPE_NAMES = ("train", "prune", "optimize", "bench_input", "train_lm")
 OWN_FLAG = {"train": "--diagnose_input", "prune": "--m_by_n", "optimize": "--variants",
-            "bench_input": "--num_batches", "train_lm": "--steps_per_epoch"}
+            "bench_input": "--num_batches", "train_lm": "--tflite"}
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_GROUPS))

@@ -21,7 +21,6 @@ Example:
                                                    sequence_length=64))
 """
 
-import math
 
 import numpy as np
 import tensorflow as tf
@@ -33,6 +32,7 @@ from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import write_bytes
 from tfaccel.keras import ensure_tf_keras
 from tfaccel.performance.precision import apply_precision
+from tfaccel.train.language_model import language_model_metrics
 
 LM_MODES = {"float": "float", "dynamic_range": "dynamic", "dynamic": "dynamic"}
 """Conversion modes of `language_model_tflite` -> the `tfaccel.compress.tflite.MODES` name
@@ -188,5 +188,5 @@ def evaluate_language_model_tflite(path, tokens, sequence_length, max_windows=No
         logits = interpreter.get_tensor(out["index"])[0]
         total += cross_entropy(logits, target)
     loss = total / len(x)
-    return {"loss": loss, "bits_per_token": loss / math.log(2.0),
-            "perplexity": math.exp(min(loss, 700.0)), "num_windows": int(len(x))}
+    return {"loss": loss, **language_model_metrics(loss, unit="token"),
+            "num_windows": int(len(x))}

@@ -105,7 +105,7 @@ class SampleLogger(keras.callbacks.Callback):
 
         text = generate(self.model, self.vocab, self.prompt, self.max_new_tokens,
                         temperature=self.temperature, top_k=self.top_k, seed=self.seed)
-        self.samples.append(text)
+        self.samples.append({"epoch": epoch + 1, "text": text})
         summaries.write_text(self.logdir, "samples/generated",
                              f"epoch {epoch + 1}, prompt {self.prompt!r}:\n\n"
                              + _as_markdown_code(self.prompt + text), step=epoch + 1)
