@@ -20,6 +20,14 @@ added: it is kept free on a device, not used; and its input is one batch
 (predicted breakdown and measured peak per configuration) and both to TensorBoard under
 --output_dir. Target (issue #16): every ratio within 0.85-1.15. Exit status 1 when one
 is outside.
+
+The `gpt_*` configurations are decoder-only Transformers (`tfaccel.train.gpt`, untied,
+vocabulary 104 as `pydoc_data.topics` by character) at two sizes: `tiny` (the zoo's: 4
+blocks, d_model 128, 4 heads, context 64) and `8x128` (8 blocks, d_model 128, 4 heads,
+context 256, where activations dominate), trained on constant token windows with the
+language model's loss; `_rc` ones recompute each block (`recompute=True`). Their plan
+comes from `profile_transformer` (the size, not the built layers), as `tfaccel plan
+--model=gpt` makes it.
 """
 
 import json
@@ -31,6 +39,7 @@ import _cli
 from absl import flags
 
 CONFIGS = {  # name: (model, input shape, batch, precision, optimizer, accumulation steps)
+    # (for gpt_* the shape is (blocks, d_model, heads, context) and a recompute flag follows)
     "mlp_f32": ("mlp", (8, 8, 1), 1024, "float32", "adam", 1),
     "cnn_f32": ("cnn", (8, 8, 1), 512, "float32", "adam", 1),
     "cnn_bf16": ("cnn", (8, 8, 1), 512, "mixed_bfloat16", "adam", 1),
@@ -40,7 +49,18 @@ CONFIGS = {  # name: (model, input shape, batch, precision, optimizer, accumulat
     "resnet_bf16": ("resnet", (96, 96, 3), 32, "mixed_bfloat16", "adam", 1),
     "mobilenet_v2_f32": ("mobilenet_v2", (96, 96, 3), 32, "float32", "adam", 1),
     "mobilenet_v2_bf16": ("mobilenet_v2", (96, 96, 3), 64, "mixed_bfloat16", "momentum", 1),
+    "gpt_tiny_f32_b64": ("gpt", (4, 128, 4, 64), 64, "float32", "adam", 1, False),
+    "gpt_tiny_f32_b256": ("gpt", (4, 128, 4, 64), 256, "float32", "adam", 1, False),
+    "gpt_tiny_f32_b256_rc": ("gpt", (4, 128, 4, 64), 256, "float32", "adam", 1, True),
+    "gpt_tiny_bf16_b256": ("gpt", (4, 128, 4, 64), 256, "mixed_bfloat16", "adam", 1, False),
+    "gpt_tiny_f32_b256_accum4": ("gpt", (4, 128, 4, 64), 256, "float32", "adam", 4, False),
+    "gpt_8x128_f32_b16": ("gpt", (8, 128, 4, 256), 16, "float32", "adam", 1, False),
+    "gpt_8x128_f32_b32": ("gpt", (8, 128, 4, 256), 32, "float32", "adam", 1, False),
+    "gpt_8x128_f32_b32_rc": ("gpt", (8, 128, 4, 256), 32, "float32", "adam", 1, True),
+    "gpt_8x128_bf16_b32": ("gpt", (8, 128, 4, 256), 32, "mixed_bfloat16", "adam", 1, False),
+    "gpt_8x128_bf16_b32_rc": ("gpt", (8, 128, 4, 256), 32, "mixed_bfloat16", "adam", 1, True),
 }
+GPT_VOCABULARY = 104
 LOW, HIGH = 0.85, 1.15
 
 FLAGS = flags.FLAGS
@@ -63,30 +83,45 @@ def _measure(name):
     import tensorflow as tf
 
     from tfaccel.performance import accumulate, memory_profile, plan, precision
-    from tfaccel.train import models, training
+    from tfaccel.train import gpt, language_model, models, training
 
-    model_name, shape, batch, policy, optimizer, accum = CONFIGS[name]
+    model_name, shape, batch, policy, optimizer, accum, *recompute = CONFIGS[name]
+    recompute = bool(recompute and recompute[0])
     precision.set_precision(policy)
-    model = precision.apply_precision(models.build_model(model_name, shape, 10), policy)
     opt = precision.wrap_optimizer(training.make_optimizer(optimizer, 1e-3), policy)
-    training.compile_classifier(model, opt)
+    rng = np.random.default_rng(0)
+    if model_name == "gpt":
+        layers, d_model, heads, context = shape
+        model = gpt.build_gpt(gpt.GPTConfig(vocab_size=GPT_VOCABULARY, context=context,
+                                            layers=layers, heads=heads, d_model=d_model),
+                              recompute=recompute)
+        language_model.compile_language_model(model, opt)
+        x, y = (rng.integers(0, GPT_VOCABULARY, (batch, context)).astype(np.int32)
+                for _ in range(2))
+        profile = memory_profile.profile_transformer(layers, d_model, heads, GPT_VOCABULARY,
+                                                     context, tied=False,
+                                                     half=policy != "float32")
+    else:
+        model = precision.apply_precision(models.build_model(model_name, shape, 10), policy)
+        training.compile_classifier(model, opt)
+        x = rng.random((batch, *shape), dtype=np.float32)
+        y = rng.integers(0, 10, batch)
+        profile = memory_profile.profile_keras_model(model)
     if accum > 1:
         accumulate.enable_gradient_accumulation(model, accum)
-    rng = np.random.default_rng(0)
-    x = rng.random((batch, *shape), dtype=np.float32)
-    y = rng.integers(0, 10, batch)
     ds = tf.data.Dataset.from_tensors((x, y)).repeat()
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
     tf.config.experimental.reset_memory_stats(device)
     model.fit(ds, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0)
     peak = tf.config.experimental.get_memory_info(device)["peak"]
-    profile = memory_profile.profile_keras_model(model)
     settings = plan.PlanSettings(batch_size=batch, precision=policy, optimizer=optimizer,
-                                 grad_accum_steps=accum, input_batches=1)  # one constant batch
+                                 grad_accum_steps=accum, recompute=recompute,
+                                 input_batches=1)  # one constant batch
     result = plan.plan_memory(profile, settings)
     return {"config": name, "model": model_name, "input_shape": list(shape), "batch": batch,
             "precision": policy, "optimizer": optimizer, "grad_accum_steps": accum,
+            "recompute": recompute,
             "device": device, "parameters": profile.parameters,
             "count_params": model.count_params(), "measured_peak": int(peak),
             "predicted": int(result.total), "breakdown": result.breakdown,
@@ -130,7 +165,8 @@ def main(argv):
         r["smallest measured MB"] = min(r["measured_peaks"]) / 1e6
         r["within"] = LOW <= r["ratio"] <= HIGH
     table = summaries.markdown_table(rows, ["config", "model", "input_shape", "batch", "precision",
-                                            "optimizer", "grad_accum_steps", "predicted MB",
+                                            "optimizer", "grad_accum_steps", "recompute",
+                                            "predicted MB",
                                             "measured MB", "smallest measured MB", "ratio",
                                             "within"])
     met = all(r["within"] for r in rows)

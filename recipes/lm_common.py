@@ -118,15 +118,15 @@ def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False
 
 
 def memory_plan(model, batch_size, policy, replicas, length):
-    """The memory plan of the decoder the flags describe (from its size: Korthikanti et al.'s
-    per-block activations), `batch_size` sequences of `length` tokens per device."""
+    """The memory plan of the decoder the flags describe (from its size: what TensorFlow's
+    gradient graph keeps per block), `batch_size` sequences of `length` tokens per device."""
     from tfaccel.performance import devices, memory_profile, plan
     from tfaccel.train import gpt
 
     config = gpt.gpt_config_of(model)
     profile = memory_profile.profile_transformer(
         config.layers, config.d_model, config.heads, config.vocab_size, length,
-        tied=config.tie_embeddings, half=policy != "float32")
+        tied=config.tie_embeddings, half=policy != "float32", dropout=config.dropout)
     memory = FLAGS.device_memory or devices.default_device_memory()[0]
     return plan.plan_memory(profile, plan.PlanSettings(
         batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,

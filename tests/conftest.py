@@ -18,6 +18,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "recipes")
 NUM_CPU_DEVICES = 2
 
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): one worker per core, at most MAX_WORKERS.
+
+    Every worker trains models and starts recipe subprocesses with their own
+    TensorFlow; more than a few at once would measure the machine's memory, not tfaccel.
+    """
+    del config
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests first, so that parallel workers start on the long ones and finish
+    together on the short ones (otherwise one long test started last sets the end)."""
+    del config
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_CPU_DEVICES)])

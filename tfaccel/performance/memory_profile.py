@@ -20,11 +20,12 @@ docs/memory.md for the measurements):
 - the model's input, in float32 (and its cast to the compute dtype under mixed
   precision).
 
-The Transformer formulas follow Korthikanti et al., "Reducing Activation
-Recomputation in Large Transformer Models" (2022), section 4.1: per layer and
-token, ``34 h + 5 a s`` bytes with 16-bit activations and 1-byte dropout masks
-(h: d_model, a: heads, s: sequence length); TensorFlow's masks have the
-activations' dtype, which adds ``2 h + a s`` half-precision values.
+The Transformer formulas follow Korthikanti et al.'s accounting, "Reducing
+Activation Recomputation in Large Transformer Models" (2022), section 4.1 (``34 h +
+5 a s`` bytes per layer and token with 16-bit activations: h d_model, a heads, s
+sequence length), recounted for what TensorFlow keeps: the tensors the backward
+ops of a tf_keras block read from its forward pass, listed from TensorFlow 2.21's
+gradient graph (see `profile_transformer`).
 
 Example:
 
@@ -296,19 +297,28 @@ def transformer_parameters(layers, d_model, vocab_size, sequence_length, tied=Tr
     h = d_model
     per_block = 12 * h * h + 13 * h
     embeddings = vocab_size * h + sequence_length * h
-    head = 0 if tied else vocab_size * h + vocab_size
+    head = 0 if tied else vocab_size * h  # no bias, as GPT-2's (and tfaccel's) output layer
     return per_block, layers * per_block + embeddings + 2 * h + head
 
 
 def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tied=True,
-                        half=True, name="gpt"):
+                        half=True, dropout=0.0, name="gpt"):
     """A `MemoryProfile` of a decoder-only Transformer from its size (nothing is built).
 
-    Per example (one sequence of `sequence_length` tokens), each block keeps
-    ``s (34 h + 5 a s)`` bytes in 16-bit (Korthikanti et al. 2022) plus TensorFlow's
-    16-bit dropout masks (``s (2 h + a s)`` values); float32 doubles every term. Under
-    recomputation a block keeps its input (``2 s h`` bytes in 16-bit). The logits and
-    their softmax are float32 (``s V`` values each, and the gradient of one).
+    Per example (one sequence of s tokens) a pre-LayerNorm block keeps what its
+    backward ops read, as TensorFlow 2.21's gradient graph of a `tfaccel.train.gpt`
+    block lists them (in values of h = d_model): the scaled query, key, value and
+    attention output (4 s h), the softmax (a s^2), each LayerNorm's normalized input
+    and output (2 x 2 s h), the residual stream (2 s h), the GELU's three
+    intermediates and its output (16 s h): ``26 s h + a s^2`` values, 4 bytes each
+    in float32. In 16-bit (`half`) the same tensors are 2 bytes except the
+    LayerNorms' float32 copies of their inputs (which replace the residual stream):
+    ``s (60 h + 2 a s)`` bytes. Dropout (`dropout` > 0) adds two 1-byte masks,
+    ``2 s h`` bytes (Korthikanti et al. count the same tensors for Megatron as ``34 h +
+    5 a s`` bytes per token). Under recomputation a block keeps its input (``s h``
+    values). A block's backward transient is the gradient of its largest tensor,
+    ``max(a s^2, 4 s h)`` values. The logits and their softmax are float32 (``s V``
+    values each, and the gradient of one).
 
     Raises:
       ConfigError: a size that is not positive, or `d_model` not divisible by `heads`.
@@ -321,12 +331,13 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
         raise ConfigError(f"d_model={d_model} is not divisible by heads={heads}: pick a d_model "
                           "that is a multiple of the heads")
     s, h, a, v = sequence_length, d_model, heads, vocab_size
-    scale = 1 if half else 2
+    width = 2 if half else 4  # bytes of an activation
     per_block, total = transformer_parameters(layers, d_model, vocab_size, sequence_length, tied)
-    # 34h + 5as counts 1-byte dropout masks (2 s h + a s^2 of them); TF's are 16-bit
-    block_bytes = scale * (s * (34 * h + 5 * a * s) + s * (2 * h + a * s))
-    boundary = scale * 2 * s * h
-    blocks = [LayerMemory(f"block_{i}", per_block, block_bytes, boundary, boundary)
+    block_bytes = s * (60 * h + 2 * a * s) if half else 4 * s * (26 * h + a * s)
+    block_bytes += 2 * s * h if dropout else 0
+    boundary = width * s * h
+    largest = width * max(a * s * s, 4 * s * h)
+    blocks = [LayerMemory(f"block_{i}", per_block, block_bytes, largest, boundary)
               for i in range(layers)]
     embed = LayerMemory("embeddings", vocab_size * h + s * h, boundary, boundary, boundary)
     head = 2 * h + (0 if tied else v * h + v)  # the final LayerNorm, the output projection
