@@ -275,13 +275,13 @@ def lr_schedule(learning_rate, steps_per_epoch):
 def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
                        accum_steps=1, compile_fn=None):
     """Compiles `model` (`compile_fn`, default `training.compile_classifier`) with --optimizer
-    (and --adam_beta2/--clip_norm/--weight_decay if defined) at `learning_rate`: loss scaling
-    for mixed_float16, XLA, accumulation over `accum_steps`. In the strategy's scope."""
+    (and --adam_beta2/--clip_norm/--weight_decay/--ema if defined) at `learning_rate`:
+    loss scaling for mixed_float16, XLA, accumulation over `accum_steps`. In strategy scope."""
     from tfaccel.performance import accumulate, precision
     from tfaccel.train import training
 
     tuned = ({"weight_decay": FLAGS.weight_decay, "beta_2": FLAGS.adam_beta2, "clip_norm":
-              FLAGS.clip_norm} if "clip_norm" in FLAGS else {})
+              FLAGS.clip_norm, "ema_momentum": FLAGS.ema} if "clip_norm" in FLAGS else {})
     optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, **tuned)
     (compile_fn or training.compile_classifier)(
         model, precision.wrap_optimizer(optimizer, policy), jit_compile=jit_compile)

@@ -284,14 +284,17 @@ def _check_gpt_heads(value):
                           f"heads that divide it (e.g. {divisor}) or another d_model")
 
 
-def define_optimizer_flags(beta2=0.999, clip_norm=0.0, weight_decay=1e-4):
-    """--adam_beta2, --clip_norm, --weight_decay (`tfaccel.train.training.make_optimizer`)."""
+def define_optimizer_flags(beta2=0.999, clip_norm=0.0, weight_decay=1e-4, ema=0.0):
+    """--adam_beta2, --clip_norm, --weight_decay, --ema (`training.make_optimizer`)."""
     flags.DEFINE_float("adam_beta2", beta2, "adam/adamw: decay of the second-moment estimate.",
                        lower_bound=0.0, upper_bound=0.99999, module_name=TRAINING)
     flags.DEFINE_float("clip_norm", clip_norm, "Clip the global gradient norm to this (0: no "
                        "clipping).", lower_bound=0.0, module_name=TRAINING)
     flags.DEFINE_float("weight_decay", weight_decay, "adamw: decoupled weight decay.",
                        lower_bound=0.0, module_name=TRAINING)
+    flags.DEFINE_float("ema", ema, "Keep an exponential moving average of the weights with "
+                       "this momentum (e.g. 0.99) and end training with it (0: off).",
+                       lower_bound=0.0, upper_bound=0.9999, module_name=TRAINING)
 
 
 def define_gpt_flags():

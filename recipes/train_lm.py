@@ -179,7 +179,7 @@ def main(argv):
         "train_seconds": train_seconds, "tokens_per_sec": tokens_per_sec,
         "exports": exports, "export_validation": rows, "precision": policy,
         "jit_compile": jit_compile, "grad_accum_steps": FLAGS.grad_accum_steps,
-        "recompute": FLAGS.recompute, "learning_rate": learning_rate,
+        "recompute": FLAGS.recompute, "learning_rate": learning_rate, "ema": FLAGS.ema,
         "distribution": distribute.describe(strategy),
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
         "prompt": FLAGS.prompt, "sample": sample,

@@ -28,7 +28,8 @@ def pytest_xdist_auto_num_workers(config):
     TensorFlow; more than a few at once would measure the machine's memory, not tfaccel.
     """
     del config
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, MAX_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -235,28 +235,31 @@ def test_bench_tflite_runs_the_recipe_and_checks_each_target(tmp_path):
 @pytest.mark.slow
 def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     out = tmp_path / "out"
-    proc = _run("bench_memory", "--configs=cnn_sgd,resnet_bf16", "--repeats=2", "--steps=2",
-                f"--output_dir={out}")
+    proc = _run("bench_memory", "--configs=cnn_sgd,gpt_tiny_bf16_b256,gpt_tiny_f32_b256_rc",
+                "--repeats=2", "--steps=2", f"--output_dir={out}")
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     report = json.loads((out / "bench_memory.json").read_text())
     assert report["machine"] == doctor.machine_summary()
     rows = {r["config"]: r for r in report["rows"]}
-    assert set(rows) == {"cnn_sgd", "resnet_bf16"}
+    assert set(rows) == {"cnn_sgd", "gpt_tiny_bf16_b256", "gpt_tiny_f32_b256_rc"}
     for r in rows.values():
         assert len(r["measured_peaks"]) == 2 and r["measured_peak"] == max(r["measured_peaks"])
         assert r["ratio"] == pytest.approx(r["predicted"] / r["measured_peak"])
         assert r["predicted"] == sum(r["breakdown"].values())
         assert r["parameters"] == r["count_params"]
         assert 0.7 < r["ratio"] < 1.4  # the plan is near the measured peak, not just positive
-    assert rows["resnet_bf16"]["breakdown"]["16-bit weight casts"] > 0
+    assert rows["gpt_tiny_bf16_b256"]["breakdown"]["16-bit weight casts"] > 0
     assert rows["cnn_sgd"]["breakdown"]["optimizer slots"] == 0
+    recomputed, plain = rows["gpt_tiny_f32_b256_rc"], rows["gpt_tiny_bf16_b256"]
+    assert recomputed["recompute"] and not plain["recompute"]
+    assert recomputed["measured_peak"] < plain["measured_peak"]  # float32, yet recomputed
     assert proc.returncode == (0 if report["met"] else 1)
     assert report["met"] == all(0.85 <= r["ratio"] <= 1.15 for r in rows.values())
     width, height = _png_size(out / "bench_memory.png")
     assert width > 0 and height > 0
     logdir = str(out / "logs")
     assert "cnn_sgd" in summaries.read_text(logdir)["bench/memory"]
-    assert "bench_memory/resnet_bf16_ratio" in summaries.read_scalars(logdir)
+    assert "bench_memory/gpt_tiny_f32_b256_rc_ratio" in summaries.read_scalars(logdir)
 
 
 @pytest.mark.slow

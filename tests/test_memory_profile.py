@@ -135,6 +135,10 @@ def test_transformer_block_keeps_what_the_gradient_graph_reads(policy, dropout):
     assert profile.parameters == model.count_params()
     # the LayerNorms' per-token mean and variance (12 s bytes each) are not counted
     assert kept == pytest.approx(profile.layers[2].activation_bytes, rel=0.01)
+    with precision.precision_scope(policy):
+        head = sum(_kept_bytes_per_example(model, 2, s, prefix) for prefix in
+                   ("gpt/final_ln", "gpt/logits", "sparse_categorical_crossentropy"))
+    assert head == pytest.approx(profile.layers[-1].activation_bytes, rel=0.02)
 
 
 def test_transformer_activations_at_13b():

@@ -139,3 +139,43 @@ def test_recipe_stops_on_a_diverging_loss(tmp_path, recipe, args, result_files):
     written = {os.path.relpath(os.path.join(d, f), model_dir)
                for d, _, files in os.walk(model_dir) for f in files}
     assert not [f for f in result_files if (model_dir / f).exists()], sorted(written)
+
+
+class _RawWeights(keras.callbacks.Callback):
+    """The model's weights after every step (before `fit` swaps in the average)."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps.append([w.numpy().copy() for w in self.model.trainable_weights])
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_ema_ends_fit_with_the_moving_average_of_the_weights(policy):
+    from tfaccel.performance import precision
+
+    momentum = 0.8
+    with precision.precision_scope(policy):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                  keras.layers.Activation("softmax", dtype="float32")])
+        optimizer = training.make_optimizer("adam", 0.05, ema_momentum=momentum)
+        model.compile(precision.wrap_optimizer(optimizer, policy),
+                      "sparse_categorical_crossentropy")
+        start = [w.numpy().copy() for w in model.trainable_weights]
+        raw = _RawWeights()
+        x = np.random.default_rng(0).random((32, 4), dtype=np.float32)
+        model.fit(x, np.arange(32) % 3, batch_size=4, epochs=2, verbose=0, callbacks=[raw])
+    average = start
+    for weights in raw.steps:
+        average = [momentum * a + (1 - momentum) * w for a, w in zip(average, weights)]
+    assert len(raw.steps) == 16
+    for got, want, last in zip(model.trainable_weights, average, raw.steps[-1]):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+        assert not np.allclose(got.numpy(), last)  # the average, not the last step's weights
+
+
+def test_no_ema_by_default():
+    assert not training.make_optimizer("adamw", 1e-3).use_ema

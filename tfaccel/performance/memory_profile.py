@@ -317,8 +317,9 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     ``2 s h`` bytes (Korthikanti et al. count the same tensors for Megatron as ``34 h +
     5 a s`` bytes per token). Under recomputation a block keeps its input (``s h``
     values). A block's backward transient is the gradient of its largest tensor,
-    ``max(a s^2, 4 s h)`` values. The logits and their softmax are float32 (``s V``
-    values each, and the gradient of one).
+    ``max(a s^2, 4 s h)`` values. After the blocks: the loss's float32 gradient of the
+    logits (``s V`` values) and the final LayerNorm's tensors (``8 s h`` bytes in
+    float32, ``12 s h`` in 16-bit).
 
     Raises:
       ConfigError: a size that is not positive, or `d_model` not divisible by `heads`.
@@ -341,5 +342,9 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
               for i in range(layers)]
     embed = LayerMemory("embeddings", vocab_size * h + s * h, boundary, boundary, boundary)
     head = 2 * h + (0 if tied else v * h + v)  # the final LayerNorm, the output projection
-    logits = LayerMemory("logits", head, 2 * 4 * s * v, 4 * s * v, 4 * s * v)
+    # the loss's float32 gradient of the logits; the final LayerNorm's tensors (float32: its
+    # normalized input and output; 16-bit: also its input's float32 copy, and the logits
+    # layer's float32 cast of its output)
+    head_bytes = 4 * s * v + (12 if half else 8) * s * h
+    logits = LayerMemory("logits", head, head_bytes, 4 * s * v, 4 * s * v)
     return MemoryProfile(name, (embed, *blocks, logits), total, 0, 4 * s, half, "block")

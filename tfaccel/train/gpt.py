@@ -44,7 +44,6 @@ from tfaccel.choices import GPT_SIZES
 from tfaccel.errors import ModelError
 from tfaccel.keras import keras
 from tfaccel.train.gpt_layers import (
-    INIT_STDDEV,
     LN_EPSILON,
     PositionEmbedding,
     RecomputeBlock,
@@ -52,6 +51,7 @@ from tfaccel.train.gpt_layers import (
     block_forward,
     block_layers,
     check_context,
+    init_stddev,
     normal,
 )
 
@@ -152,17 +152,20 @@ def build_gpt(config, recompute=False, name="gpt"):
 def _build(config, recompute, name, dtype):
     kw = {} if dtype is None else {"dtype": dtype}
     d = config.d_model
+    std = init_stddev(d)
     tokens = keras.Input((None,), dtype="int32", name="tokens")
     if config.tie_embeddings:  # also the logits layer, so float32
-        embedding = TiedEmbedding(config.vocab_size, d, embeddings_initializer=normal(),
+        embedding = TiedEmbedding(config.vocab_size, d, embeddings_initializer=normal(std),
                                   dtype="float32", name="token_embedding")
     else:
-        embedding = keras.layers.Embedding(config.vocab_size, d, embeddings_initializer=normal(),
+        embedding = keras.layers.Embedding(config.vocab_size, d,
+                                           embeddings_initializer=normal(std),
                                            name="token_embedding", **kw)
-    x = PositionEmbedding(config.context, name="position_embedding", **kw)(embedding(tokens))
+    x = PositionEmbedding(config.context, initializer=normal(std), name="position_embedding",
+                          **kw)(embedding(tokens))
     if config.dropout:
         x = keras.layers.Dropout(config.dropout, name="embedding_dropout", **kw)(x)
-    residual_stddev = INIT_STDDEV / math.sqrt(2 * config.layers)
+    residual_stddev = std / math.sqrt(2 * config.layers)
     for i in range(config.layers):
         if recompute:
             x = RecomputeBlock(d, config.heads, config.mlp_ratio, config.dropout,
@@ -175,7 +178,7 @@ def _build(config, recompute, name, dtype):
         logits = embedding(x, reverse=True)
     else:
         logits = keras.layers.Dense(config.vocab_size, use_bias=False,
-                                    kernel_initializer=normal(), dtype="float32",
+                                    kernel_initializer=normal(std), dtype="float32",
                                     name="logits")(x)
     return keras.Model(tokens, logits, name=name)
 

@@ -26,14 +26,20 @@ from tfaccel.io import atomic_path
 from tfaccel.keras import ensure_tf_keras, keras
 
 
-def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip_norm=None):
+def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip_norm=None,
+                   ema_momentum=None):
     """An optimizer by name; `learning_rate` may be a float or a LearningRateSchedule.
 
     `beta_2` is Adam's and AdamW's second-moment decay (0.99 suits small batches of a
     language model, as nanoGPT uses); `clip_norm` clips the global gradient norm (None: no
-    clipping).
+    clipping); `ema_momentum` (e.g. 0.99) keeps an exponential moving average of the
+    weights, which `fit` writes into the model when it ends (Keras's `use_ema`): the
+    model trained then evaluates, exports and resumes with the averaged weights, while
+    the per-epoch validation during `fit` sees the raw ones.
     """
     clip = {} if not clip_norm else {"global_clipnorm": float(clip_norm)}
+    if ema_momentum:
+        clip.update(use_ema=True, ema_momentum=float(ema_momentum))
     if name == "sgd":
         return keras.optimizers.SGD(learning_rate, **clip)
     if name == "momentum":
