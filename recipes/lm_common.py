@@ -126,7 +126,8 @@ def memory_plan(model, batch_size, policy, replicas, length):
     config = gpt.gpt_config_of(model)
     profile = memory_profile.profile_transformer(
         config.layers, config.d_model, config.heads, config.vocab_size, length,
-        tied=config.tie_embeddings, half=policy != "float32", dropout=config.dropout)
+        tied=config.tie_embeddings, half=policy != "float32", dropout=config.dropout,
+        context=config.context)
     memory = FLAGS.device_memory or devices.default_device_memory()[0]
     return plan.plan_memory(profile, plan.PlanSettings(
         batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,

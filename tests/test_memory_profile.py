@@ -133,6 +133,9 @@ def test_transformer_block_keeps_what_the_gradient_graph_reads(policy, dropout):
     profile = memory_profile.profile_transformer(layers, h, a, 50, s, tied=False,
                                                  half=policy != "float32", dropout=dropout)
     assert profile.parameters == model.count_params()
+    shorter = memory_profile.profile_transformer(layers, h, a, 50, s // 2, tied=False,
+                                                 context=s)  # a run on shorter windows
+    assert shorter.parameters == model.count_params()
     # the LayerNorms' per-token mean and variance (12 s bytes each) are not counted
     assert kept == pytest.approx(profile.layers[2].activation_bytes, rel=0.01)
     with precision.precision_scope(policy):

@@ -302,24 +302,22 @@ def transformer_parameters(layers, d_model, vocab_size, sequence_length, tied=Tr
 
 
 def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tied=True,
-                        half=True, dropout=0.0, name="gpt"):
+                        half=True, dropout=0.0, context=None, name="gpt"):
     """A `MemoryProfile` of a decoder-only Transformer from its size (nothing is built).
 
-    Per example (one sequence of s tokens) a pre-LayerNorm block keeps what its
-    backward ops read, as TensorFlow 2.21's gradient graph of a `tfaccel.train.gpt`
-    block lists them (in values of h = d_model): the scaled query, key, value and
-    attention output (4 s h), the softmax (a s^2), each LayerNorm's normalized input
-    and output (2 x 2 s h), the residual stream (2 s h), the GELU's three
-    intermediates and its output (16 s h): ``26 s h + a s^2`` values, 4 bytes each
-    in float32. In 16-bit (`half`) the same tensors are 2 bytes except the
-    LayerNorms' float32 copies of their inputs (which replace the residual stream):
-    ``s (60 h + 2 a s)`` bytes. Dropout (`dropout` > 0) adds two 1-byte masks,
-    ``2 s h`` bytes (Korthikanti et al. count the same tensors for Megatron as ``34 h +
-    5 a s`` bytes per token). Under recomputation a block keeps its input (``s h``
-    values). A block's backward transient is the gradient of its largest tensor,
-    ``max(a s^2, 4 s h)`` values. After the blocks: the loss's float32 gradient of the
-    logits (``s V`` values) and the final LayerNorm's tensors (``8 s h`` bytes in
-    float32, ``12 s h`` in 16-bit).
+    Per example (one sequence of s = `sequence_length` tokens; `context`, default s, is
+    the position embedding's rows) a block keeps what its backward ops read, as TF
+    2.21's gradient graph of a `tfaccel.train.gpt` block lists them (h = d_model): the
+    scaled query, key, value and attention output (4 s h values), the softmax (a s^2),
+    the LayerNorms' normalized inputs and outputs (4 s h), the residual stream (2 s h),
+    the GELU's three intermediates and output (16 s h): ``4 s (26 h + a s)`` bytes in
+    float32; in 16-bit (`half`) 2 bytes each but the LayerNorms' float32 copies of
+    their inputs (replacing the residual stream): ``s (60 h + 2 a s)`` bytes. Dropout
+    adds two 1-byte masks (``2 s h``; Korthikanti et al. count ``34 h + 5 a s`` bytes
+    per token for Megatron). Recomputed, a block keeps its input (``s h`` values). A
+    block's backward transient is the gradient of its largest tensor (``max(a s^2, 4 s
+    h)``). After the blocks: the loss's float32 gradient of the logits (``s V``) and the
+    final LayerNorm's tensors (``8 s h`` bytes in float32, ``12 s h`` in 16-bit).
 
     Raises:
       ConfigError: a size that is not positive, or `d_model` not divisible by `heads`.
@@ -333,14 +331,16 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
                           "that is a multiple of the heads")
     s, h, a, v = sequence_length, d_model, heads, vocab_size
     width = 2 if half else 4  # bytes of an activation
-    per_block, total = transformer_parameters(layers, d_model, vocab_size, sequence_length, tied)
+    per_block, total = transformer_parameters(layers, d_model, vocab_size,
+                                              context or sequence_length, tied)
     block_bytes = s * (60 * h + 2 * a * s) if half else 4 * s * (26 * h + a * s)
     block_bytes += 2 * s * h if dropout else 0
     boundary = width * s * h
     largest = width * max(a * s * s, 4 * s * h)
     blocks = [LayerMemory(f"block_{i}", per_block, block_bytes, largest, boundary)
               for i in range(layers)]
-    embed = LayerMemory("embeddings", vocab_size * h + s * h, boundary, boundary, boundary)
+    embed = LayerMemory("embeddings", vocab_size * h + (context or s) * h, boundary, boundary,
+                        boundary)
     head = 2 * h + (0 if tied else v * h + v)  # the final LayerNorm, the output projection
     # the loss's float32 gradient of the logits; the final LayerNorm's tensors (float32: its
     # normalized input and output; 16-bit: also its input's float32 copy, and the logits
