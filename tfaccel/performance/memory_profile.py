@@ -341,7 +341,7 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
               for i in range(layers)]
     embed = LayerMemory("embeddings", vocab_size * h + (context or s) * h, boundary, boundary,
                         boundary)
-    head = 2 * h + (0 if tied else v * h + v)  # the final LayerNorm, the output projection
+    head = 2 * h + (0 if tied else v * h)  # the final LayerNorm, the output projection
     # the loss's float32 gradient of the logits; the final LayerNorm's tensors (float32: its
     # normalized input and output; 16-bit: also its input's float32 copy, and the logits
     # layer's float32 cast of its output)

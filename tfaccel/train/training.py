@@ -34,23 +34,23 @@ def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip
     language model, as nanoGPT uses); `clip_norm` clips the global gradient norm (None: no
     clipping); `ema_momentum` (e.g. 0.99) keeps an exponential moving average of the
     weights, which `fit` writes into the model when it ends (Keras's `use_ema`): the
-    model trained then evaluates, exports and resumes with the averaged weights, while
+    model trained then evaluates and exports with the averaged weights, while
     the per-epoch validation during `fit` sees the raw ones.
     """
-    clip = {} if not clip_norm else {"global_clipnorm": float(clip_norm)}
+    options = {} if not clip_norm else {"global_clipnorm": float(clip_norm)}
     if ema_momentum:
-        clip.update(use_ema=True, ema_momentum=float(ema_momentum))
+        options.update(use_ema=True, ema_momentum=float(ema_momentum))
     if name == "sgd":
-        return keras.optimizers.SGD(learning_rate, **clip)
+        return keras.optimizers.SGD(learning_rate, **options)
     if name == "momentum":
-        return keras.optimizers.SGD(learning_rate, momentum=0.9, nesterov=True, **clip)
+        return keras.optimizers.SGD(learning_rate, momentum=0.9, nesterov=True, **options)
     if name == "adam":
-        return keras.optimizers.Adam(learning_rate, beta_2=beta_2, **clip)
+        return keras.optimizers.Adam(learning_rate, beta_2=beta_2, **options)
     if name == "adamw":
         return keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta_2,
-                                      **clip)
+                                      **options)
     if name == "rmsprop":
-        return keras.optimizers.RMSprop(learning_rate, **clip)
+        return keras.optimizers.RMSprop(learning_rate, **options)
     raise ConfigError(f"unknown optimizer {name!r}: use one of {', '.join(OPTIMIZERS)}")
 
 
