@@ -7,6 +7,7 @@
     tfaccel launch --workers 2 -- recipes/train.py --strategy=multi_worker
     python recipes/train.py --precision=auto --jit_compile=auto --batch_size=auto  # measured
     python recipes/train.py --precision=mixed_float16 --batch_size=256 --grad_accum_steps=4
+    python recipes/train.py --parallel=pipeline --stages=2 --micro_batches=4 --cpu_devices=2
 
 --batch_size is global (split over the replicas); rerunning the same command
 after a crash resumes from the backup in --backup_dir (see docs/distribution.md);
@@ -24,6 +25,7 @@ import os
 import time
 
 import common
+import parallel_flags
 from absl import flags
 
 FLAGS = flags.FLAGS
@@ -35,6 +37,7 @@ common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
 common.define_pipeline_flags()
 common.define_schedule_flags()
 common.define_performance_flags()
+parallel_flags.define_parallel_flags()
 flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input pipeline and the "
                   "train step alone and say which is the bottleneck "
                   "(input-bound or compute-bound).")
@@ -53,6 +56,7 @@ def _plan_says_no(model, micro_batch, policy, replicas):
 
 def main(argv):
     common.reject_extra_args(argv)
+    parallel_flags.check_parallel_flags()  # --parallel: the default strategy, its limits
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
@@ -98,6 +102,8 @@ def main(argv):
     with strategy.scope():
         model = common.load_model(splits.info)
         model = precision.apply_precision(model, policy)  # float32 outputs, loaded models too
+    model = parallel_flags.staged_model(model)  # --parallel: stages on devices (else model)
+    unsplit = getattr(model, "placed", model)  # the functional model (same variables)
     search = None
     if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
         with strategy.scope():
@@ -157,7 +163,9 @@ def main(argv):
                                                        for f, why in splits.bad_files]))
     train_logdir = os.path.join(logdir, "train")
     summaries.write_text(train_logdir, "performance/layer_dtypes",
-                         summaries.markdown_table(precision.layer_dtypes(model)))
+                         summaries.markdown_table(precision.layer_dtypes(unsplit)))
+    if unsplit is not model:
+        parallel_flags.write_stage_table(model, train_logdir)
     if search is not None:
         monitor.write_trial_report(train_logdir, "performance/batch_size_search",
                                    list(search.table), ["batch_size"], "examples_per_sec",
@@ -167,7 +175,7 @@ def main(argv):
                                    ["precision", "jit_compile"], "examples_per_sec",
                                    path=os.path.join(model_dir, "auto_precision.png"))
     if FLAGS.plan:  # the run's real settings: per-device batch, final precision, accumulation
-        result = common.memory_plan(model, per_replica_batch, policy, replicas)
+        result = common.memory_plan(unsplit, per_replica_batch, policy, replicas)
         print("memory plan:\n" + plan.write_plan(train_logdir, result,
                                                  path=os.path.join(model_dir, "memory_plan.png")))
     if FLAGS.diagnose_input:
@@ -185,11 +193,11 @@ def main(argv):
 
     # --- Evaluate, export, report.
     test = training.evaluate(model, test_ds)
-    exports = training.export_model(model, model_dir)
+    exports = training.export_model(unsplit, model_dir)
     metrics = {
         "dataset": FLAGS.dataset,
         "model": common.model_label(),
-        "parameters": int(model.count_params()),
+        "parameters": int(unsplit.count_params()),
         "epochs": FLAGS.epochs,
         "batch_size": FLAGS.batch_size,
         "test_accuracy": test["accuracy"],
@@ -214,6 +222,8 @@ def main(argv):
         "per_replica_batch_size": per_replica_batch,
         "learning_rate": learning_rate,
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
+        "parallel": FLAGS.parallel,
+        "stages": model.plan.to_json() if unsplit is not model else None,
     }
     summaries.write_scalars(os.path.join(logdir, "test"),
                             {"test_accuracy": test["accuracy"], "test_loss": test["loss"]},

@@ -4,6 +4,8 @@
     python recipes/train_lm.py --data_dir=my_book.txt --gpt_size=small --sequence_length=256
     python recipes/train_lm.py --precision=mixed_bfloat16 --grad_accum_steps=4 --recompute
     python recipes/train_lm.py --strategy=mirrored --cpu_devices=2      # 2 replicas, no GPU
+    python recipes/train_lm.py --parallel=pipeline --stage_boundaries=block_2_ln_1 \
+        --micro_batches=4 --cpu_devices=2                              # 2 stages, GPipe
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
     tensorboard --logdir runs/lm-text-gpt/logs --host localhost
 
@@ -25,10 +27,12 @@ import time
 
 import common
 import lm_common
+import parallel_flags
 from absl import flags
 
 FLAGS = flags.FLAGS
 lm_common.define_flags()
+parallel_flags.define_parallel_flags(recompute=False)  # --recompute is the blocks' (GPT flags)
 flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
                   "int8) and report their validation losses beside the Keras model's.")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
@@ -36,6 +40,7 @@ flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a fin
 
 def main(argv):
     common.reject_extra_args(argv)
+    parallel_flags.check_parallel_flags()  # --parallel: the default strategy, its limits
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
@@ -83,6 +88,9 @@ def main(argv):
     precision.set_precision(policy)
     with strategy.scope():
         model = lm_common.build_language_model(splits.vocab.size)
+    # --parallel: the stages on devices; --recompute stays per block, inside the stages
+    model = parallel_flags.staged_model(model, recompute=False)
+    unsplit = getattr(model, "placed", model)  # the functional model (same variables)
     model_dir, logdir = common.run_dirs(strategy, lm_common.MODEL_DIR_PREFIX)
     io.write_json(os.path.join(model_dir, lm_common.MODEL_CONFIG_FILE), description)
     train_logdir = os.path.join(logdir, "train")
@@ -122,6 +130,8 @@ def main(argv):
 
     # --- Train, logging to TensorBoard.
     common.write_run_config(model_dir, train_logdir)
+    if unsplit is not model:
+        parallel_flags.write_stage_table(model, train_logdir)
     summaries.write_text(train_logdir, "model/config", summaries.markdown_table(
         [{"setting": k, "value": v} for k, v in config.to_json().items()]
         + [{"setting": "parameters", "value": model.count_params()},
@@ -131,7 +141,7 @@ def main(argv):
         summaries.write_text(train_logdir, "performance/auto_precision",
                              summaries.markdown_table(list(choice.table)))
     if FLAGS.plan:
-        result = lm_common.memory_plan(model, per_replica_batch, policy, replicas, length)
+        result = lm_common.memory_plan(unsplit, per_replica_batch, policy, replicas, length)
         print("memory plan:\n" + plan.write_plan(train_logdir, result,
                                                  path=os.path.join(model_dir, "memory_plan.png")))
     extra = [language_model.LanguageModelMetrics(length, unit)]
@@ -149,7 +159,7 @@ def main(argv):
 
     # --- Evaluate, export (the model without recomputation, in float32 for TFLite), report.
     validation = training.evaluate(model, inputs.validation)
-    exported = precision.apply_precision(gpt.with_recompute(model, False), "float32")
+    exported = precision.apply_precision(gpt.with_recompute(unsplit, False), "float32")
     exports = generate.export_language_model(exported, splits.vocab, model_dir)
     rows = [{"model": "keras", "precision": policy, **lm_common.lm_row(validation["loss"], unit),
              "size_mb": None}]
@@ -162,7 +172,7 @@ def main(argv):
     backup = fit_callbacks.backup
     tokens_per_sec = (throughput.history[-1]["examples_per_sec"] * length
                       if throughput.history else None)
-    sample = (generate.generate(model, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens,
+    sample = (generate.generate(unsplit, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens,
                                 temperature=0.8, seed=FLAGS.seed) if FLAGS.sample_tokens else "")
     metrics = {
         "dataset": FLAGS.dataset, "source": splits.source, "tokenizer": splits.vocab.kind,
@@ -182,6 +192,8 @@ def main(argv):
         "recompute": FLAGS.recompute, "learning_rate": learning_rate, "ema": FLAGS.ema,
         "distribution": distribute.describe(strategy),
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
+        "parallel": FLAGS.parallel,
+        "stages": model.plan.to_json() if unsplit is not model else None,
         "prompt": FLAGS.prompt, "sample": sample,
         "samples_per_epoch": samples.samples if samples else [],
     }

@@ -18,9 +18,9 @@ from tfaccel import doctor, summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-NAMES = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_precision",
-         "bench_prune", "bench_recompute", "bench_tflite")
-WITH_OUTPUT_DIR = ("bench_data", "bench_lm", "bench_memory", "bench_overhead",
+NAMES = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_parallel",
+         "bench_precision", "bench_prune", "bench_recompute", "bench_tflite")
+WITH_OUTPUT_DIR = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_parallel",
                    "bench_precision", "bench_prune", "bench_recompute")
 
 
@@ -43,7 +43,7 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
     own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
            "bench_precision": "--precisions", "bench_overhead": "--rounds",
            "bench_memory": "--configs", "bench_lm": "--rounds",
-           "bench_recompute": "--configs"}[name]
+           "bench_recompute": "--configs", "bench_parallel": "--micro_batches"}[name]
     assert f"{own}:" in proc.stdout
     if name in WITH_OUTPUT_DIR:
         assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
@@ -286,3 +286,58 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
     assert re.search(r"(PASS|FAIL)  training tokens/s recipe/bare [\d.]+", proc.stdout)
     _png_size(out / "bench_lm.png")
     assert "bench/lm" in summaries.read_text(out / "logs")
+
+
+@pytest.mark.slow
+def test_bench_parallel_times_the_unsplit_split_and_pipelined_model(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_parallel", "--input_shape=8,8,1", "--batch_size=32",
+                "--micro_batches=1,2,4", "--warmup=5", "--steps=2", "--repeats=1",
+                f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed, measured
+    report = json.loads((out / "bench_parallel.json").read_text())
+    k = report["stages"]
+    assert k == len(report["devices"]) == 2  # --cpu_devices' default, without GPUs
+    assert report["shared_allocator"] == all("CPU" in d for d in report["devices"])
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert list(rows) == ["unsplit", "model-parallel", "pipeline M=1", "pipeline M=2",
+                          "pipeline M=4"]
+    base = rows["unsplit"]
+    for r in rows.values():
+        m = r["micro_batches"]
+        assert len(r["round_seconds"]) == 1 and r["step_seconds"] == r["round_seconds"][0]
+        assert r["ratio"] == pytest.approx(r["step_seconds"] / base["step_seconds"])
+        assert r["examples_per_sec"] == pytest.approx(32 / r["step_seconds"])
+        assert r["bubble"] == (0.0 if m is None else (k - 1) / (m + k - 1))
+        losses = r["warmup_losses"]  # the 4 batches, then the first one again
+        assert len(losses) == 5 and losses[4] < losses[0]
+        # The same steps as the unsplit model (no dropout, no BatchNorm in the digits CNN).
+        assert r["warmup_losses"] == pytest.approx(base["warmup_losses"], rel=1e-4)
+        assert r["same_training"] is True and r["weights_rel_diff"] <= 0.05
+        assert all(v > 0 for v in r["transient_bytes"].values())
+        if m is None:
+            continue
+        trace = r["trace"]
+        assert trace["micro_batches_seen"] == [list(range(m))] * k  # each stage, every one
+        assert trace["backward_seen"] == [True] * k
+        assert 0 < min(trace["stage_busy_ms"]) <= max(trace["stage_busy_ms"]) <= trace["span_ms"]
+        (pair,) = trace["pairs"]
+        assert 0 <= pair["pipelined"] <= pair["overlap"] <= 1
+        assert 0 <= pair["gpipe_forward"] <= 1
+        assert (out / trace["xplane"]).is_file()
+    for one in ("model-parallel", "pipeline M=1"):  # one micro-batch: nothing to pipeline
+        pair = rows[one]["trace"]["pairs"][0]
+        assert pair["pipelined"] == 0 and pair["gpipe_forward"] == 0
+        assert rows[one]["trace"]["two_micro_batches_at_once"] == [0.0, 0.0]
+    assert all(0 <= f <= 1 for f in rows["pipeline M=4"]["trace"]["two_micro_batches_at_once"])
+    target, same = report["checks"]
+    assert target["measured"] == rows["pipeline M=4"]["ratio"]
+    assert target["met"] == (rows["pipeline M=4"]["ratio"] <= 1.5)
+    assert same["met"] and same["measured"] == max(r["loss_rel_diff"] for r in rows.values())
+    assert proc.returncode == (0 if target["met"] else 1)
+    assert f"{'PASS' if target['met'] else 'FAIL'}  pipeline M=4 on 2 devices" in proc.stdout
+    _png_size(out / "bench_parallel.png")
+    logdir = str(out / "logs")
+    assert "| pipeline M=4 |" in summaries.read_text(logdir)["bench/parallel"]
+    assert "bench_parallel/pipeline_M_4_ratio" in summaries.read_scalars(logdir)
+    assert summaries.read_image_tags(logdir) == ["bench/parallel_plot"]

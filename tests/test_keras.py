@@ -1,4 +1,5 @@
-"""tfaccel.keras: one Keras, and a clear error for Keras 3 objects."""
+"""tfaccel.keras: one Keras driven, the flavour of any Keras object, Keras 3 loaded lazily, and
+a clear error for Keras 3 objects where tf_keras is needed."""
 
 import os
 import re
@@ -7,7 +8,14 @@ import keras as keras3
 import pytest
 
 import tfaccel
-from tfaccel.keras import ensure_tf_keras, is_keras3_object, keras
+from tfaccel.errors import ModelError
+from tfaccel.keras import (
+    ensure_tf_keras,
+    flavour_of,
+    is_keras3_object,
+    keras,
+    keras3 as keras3_accessor,
+)
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tfaccel")
 
@@ -35,6 +43,31 @@ def test_keras3_object_is_rejected_with_both_ways_out(make):
     assert "TF_USE_LEGACY_KERAS=1" in message
 
 
+def test_flavour_of_each_keras_object():
+    assert flavour_of(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])) == "tf_keras"
+    assert flavour_of(keras.optimizers.Adam()) == "tf_keras"
+    assert flavour_of(_keras3_model()) == "keras3"
+    assert flavour_of(keras3.optimizers.SGD()) == "keras3"
+
+    class Mine(keras3.layers.Dense):  # a user's subclass belongs to the Keras it extends
+        pass
+
+    assert flavour_of(Mine(2)) == "keras3"
+    with pytest.raises(ModelError, match="neither tf_keras nor Keras 3"):
+        flavour_of(object())
+
+
+def test_keras3_accessor_is_keras_3():
+    module = keras3_accessor()
+    assert module is keras3 and module.__version__.startswith("3.")
+    assert module is not keras
+
+
+def test_ensure_tf_keras_names_the_bridge_for_a_model():
+    with pytest.raises(tfaccel.WrongKerasError, match=r"bridge\.to_tf_keras\(model\)"):
+        ensure_tf_keras(_keras3_model())
+
+
 def test_helpers_reject_keras3_models():
     with pytest.raises(tfaccel.WrongKerasError):
         tfaccel.compile_classifier(_keras3_model(), tfaccel.make_optimizer("sgd", 0.1))
@@ -49,7 +82,7 @@ def test_no_module_imports_keras_directly():
     for root, _, files in os.walk(PACKAGE):
         for name in files:
             path = os.path.join(root, name)
-            if not name.endswith(".py") or path == os.path.join(PACKAGE, "keras.py"):
+            if not name.endswith(".py") or path == os.path.join(PACKAGE, "keras", "__init__.py"):
                 continue
             with open(path, encoding="utf-8") as f:
                 for number, line in enumerate(f, 1):

@@ -130,6 +130,24 @@ slow = pytest.mark.slow
     pytest.param(["--data_ram_budget_mb=64"], "--data_ram_budget_mb=64 is tf.data autotune's",
                  marks=slow),
     (["--device_memory=rtx9090"], "device memory 'rtx9090' is neither a size"),
+    (["--parallel=pipeline", "--micro_batches=5"], "--micro_batches=5 does not divide "
+     "--batch_size=64"),
+    pytest.param(["--micro_batches=4"], "--micro_batches apply to --parallel=model|pipeline",
+                 marks=slow),
+    pytest.param(["--parallel=pipeline", "--strategy=mirrored"], "--strategy=mirrored with "
+                 "--parallel=pipeline is not supported", marks=slow),
+    pytest.param(["--parallel=model", "--micro_batches=2"], "--parallel=model runs whole "
+                 "batches", marks=slow),
+    pytest.param(["--parallel=pipeline", "--grad_accum_steps=2"], "already sums the gradients",
+                 marks=slow),
+    pytest.param(["--parallel=model", "--jit_compile=true"], "XLA would compile the whole step",
+                 marks=slow),
+    (["--parallel=pipeline", "--stages=3", "--cpu_devices=2"],
+     "stages=3 but only 2 device(s)"),
+    (["--parallel=pipeline", "--stages=12", "--cpu_devices=2"],
+     "stages=12 is more than the model's 9 layers"),
+    (["--parallel=pipeline", "--stage_boundaries=dense,nope", "--cpu_devices=2"],
+     "stage boundary 'nope' is not a layer of the model"),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     model_dir = tmp_path / "run"
@@ -321,3 +339,39 @@ def test_trains_and_exports_a_subclassed_model_fn(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["model"] == "subclassed" and metrics["test_accuracy"] > 0.25  # chance: 0.1
     assert (model_dir / "saved_model" / "saved_model.pb").exists()
+
+
+@pytest.mark.slow
+def test_pipeline_run_matches_the_unsplit_accuracy_and_logs_its_stages(tmp_path):
+    """Issue #14: --parallel=pipeline on 2 logical CPUs, 4 micro-batches, the default job."""
+    accuracy = {}
+    for name, extra in (("unsplit", ["--cpu_devices=2", "--strategy=default"]),
+                        ("pipeline", ["--parallel=pipeline", "--stages=2", "--micro_batches=4",
+                                      "--cpu_devices=2"])):
+        proc = run_recipe("train", *extra, f"--model_dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        accuracy[name] = metrics["test_accuracy"]
+    assert abs(accuracy["pipeline"] - accuracy["unsplit"]) <= 0.01, accuracy
+    stages = metrics["stages"]
+    assert [s["device"][-5:] for s in stages["stages"]] == ["CPU:0", "CPU:1"]
+    assert stages["micro_batches"] == 4 and stages["bubble_fraction"] == pytest.approx(0.2)
+    assert sum(s["parameters"] for s in stages["stages"]) == metrics["parameters"]
+    table = summaries.read_text(tmp_path / "pipeline" / "logs" / "train")["parallel/stages"]
+    assert "| 1 | /device:CPU:1 |" in table and "bubble (K-1)/(M+K-1) = 0.200" in table
+    assert table.splitlines()[0] in proc.stdout  # printed at the start as well
+    # the exported model is the plain functional model, and scores what metrics.json says
+    model = load_model_file(str(tmp_path / "pipeline" / "model.keras"), compile=True)
+    from tfaccel.data import load_digits
+    _, acc = model.evaluate(load_digits().test.batch(512), verbose=0)
+    assert acc == pytest.approx(accuracy["pipeline"], abs=1e-6)
+
+
+def test_a_subclassed_model_cannot_be_split_one_line(tmp_path):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = run_recipe("train", "--model_fn=user_models:subclassed", "--parallel=pipeline",
+                      "--cpu_devices=2", "--epochs=1", f"--model_dir={tmp_path / 'run'}",
+                      env={"PYTHONPATH": tests_dir}, timeout=180)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "is a subclassed" in proc.stderr and "functional or Sequential" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -32,7 +32,8 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object"],
+    "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object", "flavour_of", "keras3"],
+    "tfaccel.keras.bridge": ["to_tf_keras", "to_keras3", "untranslatable_layers", "max_difference"],
     "tfaccel.data": [
         "DATASETS", "DatasetInfo", "Splits", "PipelineConfig", "load_dataset",
         "load_digits", "load_synthetic", "load_image_dir", "load_npz", "load_tfrecord",
@@ -71,6 +72,10 @@ _EXPORTS = {
         "LearningRateLogger", "TensorBoard", "tensorboard_command",
     ],
     "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
+    "tfaccel.distribute.stages": ["plan_stages", "StagePlan", "Stage"],
+    "tfaccel.distribute.pipeline": [
+        "pipeline_parallel", "model_parallel", "PipelineModel", "parallel_devices",
+    ],
     "tfaccel.distribute.batching": [
         "per_replica_batch_size", "scale_learning_rate", "with_shard_policy", "worker_output_dir",
     ],

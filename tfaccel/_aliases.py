@@ -23,6 +23,7 @@ MOVED = {
     "tfaccel.diagnose": "tfaccel.performance.diagnose",
     "tfaccel.batch_size": "tfaccel.performance.trials",
     "tfaccel.launch": "tfaccel.distribute.launch",
+    "tfaccel.parallel": "tfaccel.distribute.pipeline",  # the name issue #14 proposed
     "tfaccel.prune": "tfaccel.compress.prune",
     "tfaccel.sparsity": "tfaccel.compress.sparsity",
     "tfaccel.quantize": "tfaccel.compress.quantize",

@@ -35,3 +35,6 @@ ON_BAD_EXAMPLE = ("fail", "skip")
 PRUNING_SCHEDULES = ("polynomial", "constant")
 PRUNING_POLICIES = ("xnnpack",)
 BLOCK_POOLINGS = ("AVG", "MAX")
+# tfaccel.distribute.pipeline / stages: how a model is split over devices, how stages balance.
+PARALLEL_MODES = ("none", "model", "pipeline")
+STAGE_BALANCES = ("parameters", "memory")

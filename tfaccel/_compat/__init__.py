@@ -5,8 +5,8 @@ that an upgrade is checked and fixed in this one file. Each names what it
 relies on and the versions it was checked against (TF 2.21, tf_keras 2.21,
 TF-MOT 0.8.1, unless it says otherwise). Imports are lazy: importing this
 package loads nothing heavy. One module per area of tfaccel: graphs (model
-graphs, shared), distribute (tf.distribute, tf.data), training (the tf_keras
-training loop, mixed precision, the allocator), compress (TF-MOT, TFLite),
+graphs, shared), distribute (tf.distribute, tf.data), parallel (stage splits),
+training (the tf_keras training loop, mixed precision, the allocator), compress (TF-MOT, TFLite),
 callbacks (tf_keras callbacks); use them through this package (`_compat.x`).
 """
 
@@ -33,6 +33,15 @@ from tfaccel._compat.distribute import (
 )
 from tfaccel._compat.graphs import (
     is_graph_network,
+)
+from tfaccel._compat.keras3 import (
+    is_keras3_functional,
+    keras3_operations,
+)
+from tfaccel._compat.parallel import (
+    builds_on,
+    graph_calls,
+    run_call,
 )
 from tfaccel._compat.training import (
     latest_backup,
@@ -68,4 +77,9 @@ __all__ = [
     "tflite_converter_errors",
     "tensorboard_without_learning_rate",
     "takes_logs_as_tensors",
+    "is_keras3_functional",
+    "keras3_operations",
+    "graph_calls",
+    "run_call",
+    "builds_on",
 ]

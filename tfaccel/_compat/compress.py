@@ -3,6 +3,14 @@
 from tfaccel._compat.graphs import is_graph_network
 
 
+def _tfmot_imported():
+    """Imports TF-MOT the one way tfaccel does (`tfaccel.keras.tfmot`: its environment side
+    effect undone) before a private module of it is imported here."""
+    from tfaccel.keras import tfmot
+
+    tfmot()
+
+
 def pruning_wrapper_class():
     """TF-MOT's `PruneLowMagnitude`, the wrapper `prune_low_magnitude` puts around a layer.
 
@@ -10,6 +18,7 @@ def pruning_wrapper_class():
     `tensorflow_model_optimization.python.core.sparsity.keras.pruning_wrapper`.
     Checked: TF-MOT 0.8.1.
     """
+    _tfmot_imported()
     from tensorflow_model_optimization.python.core.sparsity.keras import pruning_wrapper
 
     return pruning_wrapper.PruneLowMagnitude
@@ -20,6 +29,7 @@ def prune_registry_supports(layer):
 
     Relies on TF-MOT's private `prune_registry.PruneRegistry.supports`. Checked: TF-MOT 0.8.1.
     """
+    _tfmot_imported()
     from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry
 
     return prune_registry.PruneRegistry.supports(layer)
@@ -30,12 +40,14 @@ def prune_registry_weight_names(layer):
 
     Relies on TF-MOT's private `PruneRegistry._weight_names`. Checked: TF-MOT 0.8.1.
     """
+    _tfmot_imported()
     from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry
 
     return list(prune_registry.PruneRegistry._weight_names(layer))
 
 
 def _float32_pruning_class():
+    _tfmot_imported()
     from tensorflow_model_optimization.python.core.sparsity.keras import pruning_impl
 
     from tfaccel.keras import keras
@@ -148,6 +160,7 @@ def no_op_quantize_config():
     Relies on TF-MOT's private
     `...quantization.keras.default_8bit.default_8bit_quantize_configs`. Checked: TF-MOT 0.8.1.
     """
+    _tfmot_imported()
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_configs,
     )

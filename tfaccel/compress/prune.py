@@ -9,7 +9,13 @@ begin and end steps come from epochs and steps per epoch; by default sparsity
 ramps up (polynomial decay) over the first two thirds of the fine-tuning and
 holds for the last third, so accuracy recovers at the target.
 `strip_pruning` removes the wrappers (weights stay sparse) for export;
-`tfaccel.compress.sparsity` measures what you got. A `block_size` applies
+`tfaccel.compress.sparsity` measures what you got.
+
+A Keras 3 model (TF-MOT has no Keras 3 support) is pruned through its
+tf_keras translation (`tfaccel.keras.bridge`, checked to give the same
+outputs): the pruned model you fine-tune is tf_keras, and `strip_pruning`
+translates the result back, so a Keras 3 model comes out as a Keras 3 model
+with the sparse weights (the crossing checked again). A `block_size` applies
 where TF-MOT can use it (2-D kernels: Dense); convolutions are pruned
 element-wise at the same sparsity (`PruningPlan.element_wise` names them).
 
@@ -29,7 +35,16 @@ Example:
     training.compile_classifier(pruned, training.make_optimizer("adam", 1e-3))
     pruned.fit(train_ds, epochs=20, callbacks=callbacks)
     small = prune.strip_pruning(pruned)              # plain layers, sparse weights
+
+A Keras 3 model, the same way (`model3` a Keras 3 Sequential or functional model):
+
+    pruned, callbacks = prune.prune_to_sparsity(model3, 0.8, epochs=4, steps_per_epoch=20)
+    training.compile_classifier(pruned, training.make_optimizer("adam", 1e-3))   # tf_keras
+    pruned.fit(train_ds, epochs=4, callbacks=callbacks)
+    small3 = prune.strip_pruning(pruned)             # a Keras 3 model, sparse weights
 """
+
+import weakref
 
 import tensorflow as tf
 from absl import logging
@@ -44,10 +59,15 @@ from tfaccel.compress.pruning_plan import (  # also this module's names, as befo
 )
 from tfaccel.compress.sparsity import SparsityLogger
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import FLAVOURS, ensure_tf_keras, flavour_of, keras
+from tfaccel.keras.bridge import as_tf_keras, to_keras3
 from tfaccel.performance.precision import apply_precision
 from tfaccel.train import resume
 from tfaccel.train.models import load_model_file
+
+# The pruned models `prune_to_sparsity` made from Keras 3 models: `strip_pruning` returns
+# them as Keras 3 models.
+_FROM_KERAS3 = weakref.WeakSet()
 
 
 def _mask_in_float32(model):
@@ -93,8 +113,10 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
         pruned.fit(train_ds, epochs=20, callbacks=callbacks)
 
     Args:
-      model: a trained Sequential or functional tf_keras model (e.g. loaded
-        from a .keras file or SavedModel).
+      model: a trained Sequential or functional tf_keras or Keras 3 model (e.g.
+        loaded from a .keras file or SavedModel). A Keras 3 model is translated
+        to tf_keras first (`tfaccel.keras.bridge.to_tf_keras`, verified); the
+        pruned copy is tf_keras either way.
       target_sparsity: share of zeros to reach in each pruned layer, in [0, 1)
         (with `config.m_by_n` the pattern decides: m/n).
       epochs: epochs you will fit for.
@@ -116,13 +138,16 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     Raises:
       ConfigError: bad sparsity, schedule or layer names; both `logdir` and `log_dir`.
       UnsupportedLayerError: subclassed model, or an included layer that
-        cannot take the requested pattern.
+        cannot take the requested pattern; for a Keras 3 model, every layer the
+        bridge cannot translate (custom layers, Lambda).
     """
     if log_dir is not None:
         if logdir is not None:
             raise ConfigError(f"logdir={logdir!r} and log_dir={log_dir!r} both given: pass "
                               "only logdir (log_dir is its former name)")
         logdir = log_dir
+    flavour = flavour_of(model)
+    model = as_tf_keras(model)
     plan = plan_pruning(model, config)
     schedule = make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config)
     params = {"pruning_schedule": schedule, "block_pooling_type": config.block_pooling,
@@ -152,6 +177,8 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     callbacks.append(tfmot().sparsity.keras.UpdatePruningStep())
     if logdir:
         callbacks.append(SparsityLogger(logdir))
+    if flavour == "keras3":
+        _FROM_KERAS3.add(pruned)
     return pruned, callbacks
 
 
@@ -164,22 +191,42 @@ def apply_masks(model):
     return model
 
 
-def strip_pruning(model, float32=False):
+def strip_pruning(model, float32=False, flavour=None):
     """`model` without pruning wrappers: the same layers as before pruning, weights sparse.
 
+    Returns the model in the Keras it was given to `prune_to_sparsity` in: a
+    Keras 3 model's pruned copy comes back as a Keras 3 model (translated by
+    `tfaccel.keras.bridge.to_keras3`, which checks that it computes the same).
+
+    Example:
+
+        small3 = strip_pruning(pruned)                       # Keras 3 if model3 was
+        small3 = strip_pruning(load_pruned_model("mid.keras"), flavour="keras3")
+
     Args:
-      model: a model from `prune_to_sparsity` (after `fit`).
+      model: a model from `prune_to_sparsity` (after `fit`), or `load_pruned_model`.
       float32: also rebuild a mixed precision model in float32 (for export).
+      flavour: 'tf_keras' or 'keras3', the Keras of the returned model; default:
+        that of the model given to `prune_to_sparsity` (tf_keras for a model it
+        did not make, e.g. one loaded from a file).
 
     Returns:
       A new, uncompiled model.
+
+    Raises:
+      ConfigError: unknown `flavour`.
+      ModelError / UnsupportedLayerError: the Keras 3 translation fails its check.
     """
+    if flavour is not None and flavour not in FLAVOURS:
+        raise ConfigError(f"flavour={flavour!r}: use one of {', '.join(FLAVOURS)}")
     ensure_tf_keras(model)
+    if flavour is None:
+        flavour = "keras3" if model in _FROM_KERAS3 else "tf_keras"
     apply_masks(model)
     stripped = tfmot().sparsity.keras.strip_pruning(model)
     if float32:
         stripped = apply_precision(stripped, "float32")
-    return stripped
+    return to_keras3(stripped) if flavour == "keras3" else stripped
 
 
 def load_pruned_model(path):

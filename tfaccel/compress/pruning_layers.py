@@ -13,14 +13,10 @@ Example:
 
 from tfaccel import _compat
 from tfaccel.errors import ModelError
-from tfaccel.keras import keras
-
-
-def tfmot():
-    """The `tensorflow_model_optimization` package (imported on first use: it is slow)."""
-    import tensorflow_model_optimization
-
-    return tensorflow_model_optimization
+from tfaccel.keras import (
+    keras,
+    tfmot as tfmot,  # TF-MOT, its TF_USE_LEGACY_KERAS side effect undone
+)
 
 
 def walk_layers(model):

@@ -37,6 +37,7 @@ from tfaccel.compress.pruning_layers import (
 )
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras.bridge import as_tf_keras
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +243,8 @@ def plan_pruning(model, config=PruneConfig()):
     """Decides which layers `prune_to_sparsity` prunes and why it leaves the others dense.
 
     Args:
-      model: a Sequential or functional tf_keras model.
+      model: a Sequential or functional tf_keras model (or a Keras 3 one: its
+        tf_keras translation is planned, with the same layer names).
       config: a `PruneConfig` (include/exclude, min_weights, patterns, policy).
 
     Returns:
@@ -253,6 +255,7 @@ def plan_pruning(model, config=PruneConfig()):
       UnsupportedLayerError: a subclassed model, or an included layer that
         cannot be pruned as asked (e.g. 2:4 on a 1-channel convolution).
     """
+    model = as_tf_keras(model)
     check_prunable_model(model)
     _check_config(config)
     layers = list(walk_layers(model))

@@ -17,6 +17,9 @@ float32, with a warning, because the fake-quant kernels have no float16
 version. Call it inside a
 `tf.distribute.Strategy` scope to train it distributed.
 
+A Keras 3 model is quantized through its tf_keras translation
+(`tfaccel.keras.bridge`, checked to compute the same); the QAT model is tf_keras.
+
 `scheme="prune_preserve"` uses TF-MOT's collaborative
 `Default8BitPrunePreserveQuantizeScheme`, which keeps the zeros of a pruned
 (and stripped) model through QAT; plain QAT fills them back in.
@@ -40,6 +43,7 @@ from tfaccel.compress import prune
 from tfaccel.compress.pruning_layers import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras.bridge import as_tf_keras
 from tfaccel.performance.precision import apply_precision, precision_scope
 
 SCHEMES = ("default", "prune_preserve")
@@ -209,7 +213,7 @@ def check_qat_ready(model, only_layers=None, skip_layers=None):
       UnsupportedLayerError: layers the default 8-bit scheme cannot quantize.
       ModelError: a model still wrapped for pruning.
     """
-    ensure_tf_keras(model)
+    model = as_tf_keras(model)
     if pruning_wrappers(model):
         raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
                          "(tfaccel.compress.prune) before QAT")
@@ -235,9 +239,19 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
 
         qat = quantize_aware(model, skip_layers=["my_lambda"])
 
+    A Keras 3 model goes through its verified tf_keras translation
+    (`tfaccel.keras.bridge`): the QAT model is tf_keras (Keras 3 has no QAT),
+    fine-tuned with tf_keras and converted with `convert_to_tflite`:
+
+        qat = quantize_aware(model3)
+        training.compile_classifier(qat, training.make_optimizer("adam", 1e-4))
+        qat.fit(train_ds, epochs=2)
+        convert_to_tflite(qat, "model_int8.tflite", mode="int8")
+
     Args:
-      model: a tf_keras functional or Sequential model (nested models are
-        flattened); for `prune_preserve`, a pruned model after `strip_pruning`.
+      model: a tf_keras or Keras 3 functional or Sequential model (nested
+        models are flattened); for `prune_preserve`, a pruned model after
+        `strip_pruning`.
       scheme: one of `SCHEMES`.
       only_layers: names of the layers to quantize (default: all).
       skip_layers: names of layers to leave in float.
@@ -311,6 +325,7 @@ def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=
       The errors of `prune.prune_to_sparsity` and `quantize_aware`
       (ConfigError, UnsupportedLayerError, ModelError).
     """
+    model = as_tf_keras(model)  # once, not at each step below
     for config in prune_configs:
         # Only the structure matters here: a one-step ramp that any config can take.
         config = dataclasses.replace(config, initial_sparsity=0.0, begin_epoch=0.0,

@@ -30,7 +30,8 @@ from tfaccel.compress.pruning_layers import (
 from tfaccel.compress.tflite import convert_to_tflite
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.io import atomic_path, file_size, gzipped_size
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import keras
+from tfaccel.keras.bridge import as_tf_keras
 from tfaccel.performance.precision import apply_precision
 
 _PRUNED_ZEROS = 0.01
@@ -60,7 +61,8 @@ def sparsity_report(model, layer_names=None):
     """Per-layer and overall share of zero weights, counted in the kernels.
 
     Args:
-      model: a pruned (wrapped) or stripped tf_keras model.
+      model: a pruned (wrapped) or stripped tf_keras model, or a stripped Keras 3
+        one (measured on its verified tf_keras translation, same layer names).
       layer_names: the layers that were pruned (e.g. `PruningPlan.pruned`);
         default: the wrapped layers of a pruned model, or, in a stripped or
         loaded one, the layers whose kernels are more than 1% exact zeros
@@ -74,7 +76,7 @@ def sparsity_report(model, layer_names=None):
        'pruned': totals over the pruned layers, 'all_kernels': totals over every
        kernel, 'model': {'parameters', 'zeros', 'sparsity'} over all weights}.
     """
-    ensure_tf_keras(model)
+    model = as_tf_keras(model)
     found = _layers_with_kernels(model)
     if layer_names is None:
         wrapped = [name for name, w, _ in found if w]
@@ -130,6 +132,7 @@ def check_m_by_n(model, m_by_n=(2, 4), layer_names=None):
     """
     if len(tuple(m_by_n)) != 2 or not 0 < m_by_n[0] < m_by_n[1]:
         raise ConfigError(f"m_by_n={m_by_n!r} must be two integers 0 < m < n, e.g. (2, 4)")
+    model = as_tf_keras(model)
     names = {r["layer"] for r in sparsity_report(model, layer_names)["layers"] if r["pruned"]}
     out = {}
     for name, _, kernels in _layers_with_kernels(model):
@@ -165,7 +168,7 @@ def model_sizes(model, directory, name="model", tflite=True):
     Returns:
       {'h5': {'path', 'bytes', 'gzip_bytes'}, 'tflite': {...}, 'tflite_sparse': {...}}.
     """
-    ensure_tf_keras(model)
+    model = as_tf_keras(model)
     os.makedirs(directory, exist_ok=True)
     if any(layer.compute_dtype != "float32" for layer in model.layers):
         model = apply_precision(model, "float32")

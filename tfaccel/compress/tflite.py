@@ -25,7 +25,8 @@ import tensorflow as tf
 from tfaccel import _compat
 from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import write_bytes
-from tfaccel.keras import ensure_tf_keras
+from tfaccel.keras import tfmot
+from tfaccel.keras.bridge import as_tf_keras
 
 MODES = ("float", "dynamic", "int8", "float16", "int16x8")
 """Conversion modes of `convert_to_tflite`."""
@@ -35,10 +36,8 @@ _NEEDS_DATA = ("int8", "int16x8")
 
 def is_quantization_aware(model):
     """True when `model` holds TF-MOT quantization wrappers (it went through QAT)."""
-    import tensorflow_model_optimization as tfmot
-
-    wrappers = (tfmot.quantization.keras.QuantizeWrapper,
-                tfmot.quantization.keras.QuantizeWrapperV2)
+    quantization = tfmot().quantization.keras
+    wrappers = (quantization.QuantizeWrapper, quantization.QuantizeWrapperV2)
     layers = model.submodules if hasattr(model, "submodules") else model.layers
     return any(isinstance(layer, wrappers) for layer in layers)
 
@@ -116,7 +115,7 @@ def _converter(model, mode, representative_data, num_calibration_samples, optimi
 
 def convert_to_tflite(model, path, mode="float", representative_data=None,
                       num_calibration_samples=200, optimize_sparsity=False):
-    """Converts a tf_keras model to a `.tflite` file, quantizing as `mode` says.
+    """Converts a tf_keras (or Keras 3) model to a `.tflite` file, quantizing as `mode` says.
 
     A QAT model (from `tfaccel.compress.quantize`) already carries its quantization
     ranges, so `mode="int8"` needs no representative data for it; a plain
@@ -128,7 +127,9 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
         convert_to_tflite(model, "model_dyn.tflite", mode="dynamic")
 
     Args:
-      model: a tf_keras model (plain, pruned after `strip_pruning`, or QAT).
+      model: a tf_keras model (plain, pruned after `strip_pruning`, or QAT), or
+        a Keras 3 one, converted through its verified tf_keras translation
+        (`tfaccel.keras.bridge`).
       path: where the `.tflite` file goes.
       mode: one of `MODES`.
       representative_data: calibration examples for `int8`/`int16x8` (see
@@ -145,7 +146,7 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
     """
     if mode not in MODES:
         raise ConfigError(f"unknown TFLite mode {mode!r}: use one of {', '.join(MODES)}")
-    ensure_tf_keras(model)
+    model = as_tf_keras(model)
     if mode in _NEEDS_DATA and representative_data is None and not is_quantization_aware(model):
         raise ConfigError(f"mode={mode!r} calibrates activation ranges: pass representative_data "
                           "(e.g. the training split), or quantize-aware train the model first")

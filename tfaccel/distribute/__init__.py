@@ -1,5 +1,6 @@
 """Distribution: `tf.distribute` strategies from one name, the batch arithmetic and file rules
-that go with them, and a local multi-worker launcher.
+that go with them, a local multi-worker launcher, and model/pipeline parallelism (a model's
+layers split into stages on several devices).
 
 The package's public names are those of its modules, loaded on first use (so
 `tfaccel launch` starts without TensorFlow):
@@ -15,7 +16,8 @@ import warnings
 
 from tfaccel import _aliases
 
-_MODULES = ("tfaccel.distribute.strategy", "tfaccel.distribute.batching")
+_MODULES = ("tfaccel.distribute.strategy", "tfaccel.distribute.batching",
+            "tfaccel.distribute.stages", "tfaccel.distribute.pipeline")
 
 
 def _scale_learning_rate_by_replicas(learning_rate, num_replicas):

@@ -83,7 +83,9 @@ def _split_stages(layers, stages):
     return [g for g in groups if g]
 
 
-def _stage_breakdown(profile, layers, s, first):
+def stage_breakdown(profile, layers, s, first):
+    """One stage's bytes by kind: `layers` (`LayerMemory`s) under settings `s`; `first`:
+    it holds the input batches."""
     half = s.precision != "float32"
     params = sum(layer.parameters for layer in layers)
     trainable = params * (profile.trainable / max(1, profile.parameters))
@@ -118,7 +120,7 @@ def breakdown(profile, settings):
     """The busiest device's bytes by kind (see `plan_memory`), before the framework margin."""
     s = settings
     stages = _split_stages(profile.layers, s.stages)
-    parts = [_stage_breakdown(profile, layers, s, i == 0) for i, layers in enumerate(stages)]
+    parts = [stage_breakdown(profile, layers, s, i == 0) for i, layers in enumerate(stages)]
     return max(parts, key=lambda p: sum(p.values()))
 
 

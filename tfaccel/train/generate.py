@@ -161,6 +161,7 @@ def generate(model, vocab, prompt, max_new_tokens=200, temperature=1.0, top_k=No
     """
     _check_arguments(max_new_tokens, temperature, top_k)
     top_k = None if top_k is None else int(top_k)
+    model = getattr(model, "placed", model)  # a PipelineModel samples with its own layers
     check_vocabulary(model, vocab)
     length = model_context(model, context)
     ids = _prompt_ids(vocab, prompt)

@@ -1,0 +1,332 @@
+"""tfaccel.keras.bridge: Keras 3 <-> tf_keras, verified; Keras 3 models through TF-MOT (pruning,
+QAT, int8 TFLite); TF-MOT's TF_USE_LEGACY_KERAS side effect contained."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras as keras3
+import numpy as np
+import pytest
+
+import tfaccel
+from tfaccel import errors
+from tfaccel.compress import prune, quantize, sparsity, tflite, tflite_eval
+from tfaccel.keras import bridge, flavour_of, keras
+from tfaccel.train import training
+
+L3 = keras3.layers
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def digits_arrays(split):
+    x, y = zip(*split.as_numpy_iterator())
+    return np.stack(x), np.asarray(y)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    splits = tfaccel.load_dataset("digits")
+    return splits, digits_arrays(splits.train), digits_arrays(splits.test)
+
+
+def residual_cnn(name="residual_k3"):
+    """The issue's model: Conv2D, BatchNorm, DepthwiseConv2D, a residual Add, pooling, Dropout
+    and Dense, in Keras 3 (functional), for 8x8x1 digits."""
+    inputs = keras3.Input((8, 8, 1), name="image")
+    # momentum 0.9: the moving statistics settle within the few hundred steps digits takes
+    x = L3.ReLU(name="relu_0")(L3.BatchNormalization(momentum=0.9, name="bn_0")(
+        L3.Conv2D(16, 3, padding="same", name="conv_0")(inputs)))
+    y = L3.ReLU(name="relu_1")(L3.BatchNormalization(momentum=0.9, name="bn_1")(
+        L3.DepthwiseConv2D(3, padding="same", name="depthwise")(x)))
+    x = L3.MaxPooling2D(name="pool")(L3.Add(name="residual")([x, y]))
+    x = L3.Conv2D(32, 3, padding="same", activation="relu", name="conv_1")(x)
+    x = L3.Dropout(0.2, name="dropout")(L3.Flatten(name="flatten")(x))
+    x = L3.Dense(64, activation="relu", name="dense")(x)
+    return keras3.Model(inputs, L3.Dense(10, activation="softmax", name="head")(x), name=name)
+
+
+def with_batchnorm_statistics(model, seed=0):
+    """Non-trivial moving means and variances, so that inference-mode BatchNorm matters."""
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        if type(layer).__name__ == "BatchNormalization":
+            layer.set_weights([rng.uniform(0.5, 1.5, w.shape).astype(np.float32)
+                               for w in layer.get_weights()])
+    return model
+
+
+def weights_by_layer(model):
+    return {layer.name: layer.get_weights() for layer in model.layers if layer.weights}
+
+
+def assert_same_weights(a, b):
+    wa, wb = weights_by_layer(a), weights_by_layer(b)
+    assert sorted(wa) == sorted(wb)
+    for name in wa:
+        assert len(wa[name]) == len(wb[name])
+        for x, y in zip(wa[name], wb[name]):
+            np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def test_round_trip_of_the_residual_cnn_keeps_predictions_and_weights(digits):
+    _, _, (x_test, _) = digits
+    model3 = with_batchnorm_statistics(residual_cnn())
+    model2 = bridge.to_tf_keras(model3, sample=x_test)
+    assert flavour_of(model2) == "tf_keras" and flavour_of(model3) == "keras3"
+    assert [layer.name for layer in model2.layers] == [layer.name for layer in model3.layers]
+    assert_same_weights(model3, model2)
+    assert bridge.max_difference(model3, model2, x_test) <= 1e-5
+    back = bridge.to_keras3(model2, sample=x_test)
+    assert flavour_of(back) == "keras3"
+    assert_same_weights(model3, back)
+    assert bridge.max_difference(model3, back, x_test) <= 1e-5
+    assert back.predict(x_test[:4], verbose=0).shape == (4, 10)  # one input, one output
+
+
+STANDARD_LAYERS = {
+    "conv1d": ((10, 3), lambda: L3.Conv1D(4, 3, strides=2, padding="same")),
+    "conv2d_transpose": ((6, 6, 2), lambda: L3.Conv2DTranspose(3, 3, strides=2)),
+    "separable_conv2d": ((6, 6, 2), lambda: L3.SeparableConv2D(3, 3, depth_multiplier=2)),
+    "conv3d": ((4, 4, 4, 2), lambda: L3.Conv3D(2, 2)),
+    "dense_regularized": ((5,), lambda: L3.Dense(3, kernel_regularizer="l2", activation="tanh")),
+    "layer_norm": ((5,), lambda: L3.LayerNormalization()),
+    "batch_norm_axis1": ((4, 5), lambda: L3.BatchNormalization(axis=1)),
+    "group_norm": ((4, 4, 4), lambda: L3.GroupNormalization(2)),
+    "average_pooling": ((6, 6, 2), lambda: L3.AveragePooling2D(2)),
+    "global_max_pooling": ((6, 6, 2), lambda: L3.GlobalMaxPooling2D(keepdims=True)),
+    "reshape": ((6,), lambda: L3.Reshape((2, 3))),
+    "permute": ((2, 3), lambda: L3.Permute((2, 1))),
+    "zero_padding": ((4, 4, 1), lambda: L3.ZeroPadding2D(1)),
+    "cropping": ((4, 4, 1), lambda: L3.Cropping2D(1)),
+    "upsampling": ((4, 4, 1), lambda: L3.UpSampling2D()),
+    "resizing": ((4, 4, 1), lambda: L3.Resizing(6, 6)),
+    "leaky_relu": ((5,), lambda: L3.LeakyReLU(0.2)),
+    "prelu": ((5,), lambda: L3.PReLU()),
+    "gelu": ((5,), lambda: L3.Activation("gelu")),
+    "rescaling": ((5,), lambda: L3.Rescaling(2.0, offset=1.0)),
+    "lstm": ((4, 3), lambda: L3.LSTM(5)),
+    "gru_sequences": ((4, 3), lambda: L3.GRU(5, return_sequences=True)),
+    "bidirectional": ((4, 3), lambda: L3.Bidirectional(L3.LSTM(2))),
+    "time_distributed": ((3, 4), lambda: L3.TimeDistributed(L3.Dense(2))),
+    "spatial_dropout": ((4, 4, 2), lambda: L3.SpatialDropout2D(0.3)),
+    "embedding": (None, lambda: L3.Embedding(10, 3)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(STANDARD_LAYERS))
+def test_standard_layers_cross_both_ways(kind):
+    shape, make = STANDARD_LAYERS[kind]
+    inputs = keras3.Input((4,), dtype="int32") if shape is None else keras3.Input(shape)
+    model3 = keras3.Model(inputs, make()(inputs), name=kind)
+    model2 = bridge.to_tf_keras(model3)
+    back = bridge.to_keras3(model2)
+    assert_same_weights(model3, back)
+    sample = bridge.sample_inputs(model3, seed=1)
+    assert bridge.max_difference(model3, model2, sample) <= 1e-5
+    assert bridge.max_difference(model3, back, sample) <= 1e-5
+
+
+def test_sequential_nested_models_shared_layers_and_two_inputs_cross():
+    inner = keras3.Sequential([keras3.Input((4,)), L3.Dense(3, name="inner_dense")],
+                              name="inner")
+    a, b = keras3.Input((4,), name="a"), keras3.Input((4,), name="b")
+    shared = L3.Dense(4, name="shared")
+    joined = L3.Concatenate(name="join")([inner(shared(a)), shared(b)])
+    model3 = keras3.Model([a, b], [joined, L3.Dense(1, name="score")(joined)], name="graph")
+    sequential = keras3.Sequential([keras3.Input((6,)), L3.Dense(2), L3.Softmax()], name="seq")
+    for model in (model3, sequential):
+        model2 = bridge.to_tf_keras(model)
+        assert isinstance(model2, keras.Sequential) == isinstance(model, keras3.Sequential)
+        back = bridge.to_keras3(model2)
+        assert bridge.max_difference(model, back) == 0.0
+    outputs = back_outputs = bridge.to_keras3(bridge.to_tf_keras(model3))(
+        bridge.sample_inputs(model3))
+    assert len(back_outputs) == 2 and outputs[1].shape == (8, 1)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+class Doubler(L3.Layer):
+    def call(self, x):
+        return 2 * x
+
+
+def test_custom_layers_and_lambdas_are_listed_in_one_error():
+    inputs = keras3.Input((4,))
+    x = Doubler(name="my_doubler")(L3.Dense(3, name="dense")(inputs))
+    x = L3.Lambda(lambda t: t + 1, name="plus_one")(x)
+    model3 = keras3.Model(inputs, x * 3.0, name="custom")
+    assert [name for name, _, _ in bridge.untranslatable_layers(model3)] == [
+        "my_doubler", "plus_one", "multiply"]
+    for call in (bridge.to_tf_keras, lambda m: prune.prune_to_sparsity(m, 0.5, 1, 1),
+                 quantize.quantize_aware):
+        with pytest.raises(errors.UnsupportedLayerError) as info:
+            call(model3)
+        message = str(info.value)
+        assert "\n" not in message
+        for part in ("3 layer(s)", "my_doubler (Doubler: a custom layer class)",
+                     "plus_one (Lambda", "multiply (Multiply: a raw operation",
+                     "keras.layers.Rescaling", "build the model in tf_keras"):
+            assert part in message, part
+
+
+def test_a_subclassed_model_gets_one_line():
+    class Classifier(keras3.Model):
+        def __init__(self):
+            super().__init__(name="classifier")
+            self.head = L3.Dense(2)
+
+        def call(self, x):
+            return self.head(x)
+
+    model3 = Classifier()
+    model3(np.zeros((1, 4), np.float32))
+    with pytest.raises(errors.UnsupportedLayerError) as info:
+        bridge.to_tf_keras(model3)
+    message = str(info.value)
+    assert "\n" not in message and "subclassed Classifier" in message
+    assert "Sequential and functional" in message and "keras.Input" in message
+
+
+def test_an_option_tf_keras_lacks_is_refused_not_dropped():
+    inputs = keras3.Input((5,))
+    dense = L3.Dense(3, name="adapted")
+    model3 = keras3.Model(inputs, dense(inputs))
+    dense.enable_lora(2)  # LoRA: tf_keras has no such Dense
+    with pytest.raises(errors.UnsupportedLayerError,
+                       match=r"adapted \(Dense: option lora_rank=2 has no tf_keras equivalent"):
+        bridge.to_tf_keras(model3)
+
+
+def test_outputs_that_differ_are_refused(monkeypatch):
+    model3 = with_batchnorm_statistics(residual_cnn())
+    monkeypatch.setattr(bridge, "_copy_weights", lambda source, target: None)  # fresh weights
+    with pytest.raises(errors.ModelError, match="refuses a different model"):
+        bridge.to_tf_keras(model3)
+
+
+def test_wrong_direction_and_stripped_first():
+    model2 = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="k2")
+    with pytest.raises(errors.ModelError, match="already a tf_keras model"):
+        bridge.to_tf_keras(model2)
+    assert bridge.as_tf_keras(model2) is model2
+    pruned, _ = prune.prune_to_sparsity(
+        keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, name="big")]), 0.5, 1, 10)
+    with pytest.raises(errors.UnsupportedLayerError, match="call tfaccel.strip_pruning first"):
+        bridge.to_keras3(pruned)
+    with pytest.raises(errors.ConfigError, match="flavour='keras2'"):
+        prune.strip_pruning(pruned, flavour="keras2")
+    assert flavour_of(prune.strip_pruning(pruned, flavour="keras3")) == "keras3"
+
+
+# ---------------------------------------------------------------- TF-MOT on Keras 3 models
+
+
+@pytest.fixture(scope="module")
+def trained3(digits):
+    """The residual CNN trained in Keras 3 on digits, and its test accuracy."""
+    _, (x, y), (x_test, y_test) = digits
+    keras3.utils.set_random_seed(0)
+    model3 = residual_cnn()
+    model3.compile(keras3.optimizers.Adam(2e-3), "sparse_categorical_crossentropy",
+                   metrics=["accuracy"])
+    model3.fit(x, y, batch_size=64, epochs=30, verbose=0)
+    return model3, accuracy3(model3, x_test, y_test)
+
+
+def accuracy3(model3, x, y):
+    return float(np.mean(model3.predict(x, verbose=0).argmax(-1) == y))
+
+
+@pytest.mark.slow
+def test_pruning_a_keras3_model_returns_a_sparse_keras3_model(digits, trained3):
+    splits, _, (x_test, y_test) = digits
+    model3, dense_accuracy = trained3
+    epochs, steps = 4, 20
+    plan = prune.plan_pruning(model3)
+    pruned, callbacks = prune.prune_to_sparsity(model3, 0.8, epochs, steps)
+    assert flavour_of(pruned) == "tf_keras"
+    training.compile_classifier(pruned, training.make_optimizer("adam", 5e-4))
+    pruned.fit(tfaccel.batch_dataset(splits.train, 64, training=True).repeat(), epochs=epochs,
+               steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    small3 = prune.strip_pruning(pruned)
+    assert flavour_of(small3) == "keras3"
+    assert set(plan.pruned) >= {"conv_1", "dense"}
+    for name in plan.pruned:
+        kernel = small3.get_layer(name).kernel.numpy()
+        assert abs(np.mean(kernel == 0) - 0.8) < 0.01, name
+    report = sparsity.sparsity_report(small3, plan.pruned)
+    assert abs(report["pruned"]["sparsity"] - 0.8) < 0.01
+    pruned_accuracy = accuracy3(small3, x_test, y_test)
+    print(f"keras3 digits accuracy: dense {dense_accuracy:.4f}, pruned 80% {pruned_accuracy:.4f}, "
+          f"pruned sparsity {report['pruned']['sparsity']:.4f}")
+    assert pruned_accuracy >= dense_accuracy - 0.01
+
+
+@pytest.mark.slow
+def test_qat_of_a_keras3_model_gives_an_int8_tflite_as_accurate_as_float(digits, trained3,
+                                                                         tmp_path):
+    splits, _, (x_test, y_test) = digits
+    model3, float_accuracy = trained3
+    qat = quantize.quantize_aware(model3)
+    training.compile_classifier(qat, training.make_optimizer("adam", 5e-4))
+    # A fresh QAT model needs its quantizer ranges trained: 2 epochs gave 0.956 here, 3 0.989.
+    qat.fit(tfaccel.batch_dataset(splits.train, 64, training=True), epochs=4, verbose=0)
+    path = tflite.convert_to_tflite(qat, str(tmp_path / "qat_int8.tflite"), mode="int8")
+    result = tflite_eval.evaluate_tflite(path, (x_test, y_test), progress=False)
+    float_tflite = tflite.convert_to_tflite(model3, str(tmp_path / "float.tflite"))  # bridged
+    float_file = tflite_eval.evaluate_tflite(float_tflite, (x_test, y_test), progress=False)
+    print(f"keras3 digits accuracy: float {float_accuracy:.4f}, float TFLite "
+          f"{float_file['accuracy']:.4f}, QAT int8 TFLite {result['accuracy']:.4f}")
+    assert float_file["accuracy"] == pytest.approx(float_accuracy, abs=1e-6)
+    assert result["accuracy"] >= float_accuracy - 0.01
+
+
+# ---------------------------------------------------------------- TF_USE_LEGACY_KERAS contained
+
+_ONE_PROCESS = """
+import json, os, sys
+import keras
+import numpy as np
+import tensorflow as tf
+before = {"keras": keras.__version__, "env": os.environ.get("TF_USE_LEGACY_KERAS")}
+if READ_TF_KERAS_FIRST:
+    before["tf.keras"] = [tf.keras.__name__, tf.keras.version()]
+import tfaccel
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, name="big"),
+                          keras.layers.Dense(10, name="head")])
+pruned, callbacks = tfaccel.prune_to_sparsity(model, 0.5, 1, 2)
+tfaccel.compile_classifier(pruned, tfaccel.make_optimizer("adam", 1e-3))
+pruned.fit(np.zeros((8, 64), np.float32), np.zeros(8), batch_size=4, callbacks=callbacks,
+           verbose=0)
+small = tfaccel.strip_pruning(pruned)
+import keras as keras_again
+after = {"keras": keras_again.__version__, "env": os.environ.get("TF_USE_LEGACY_KERAS"),
+         "tf.keras": [tf.keras.__name__, tf.keras.version()],
+         "small": type(small).__module__, "tfmot": "tensorflow_model_optimization" in sys.modules}
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@pytest.mark.parametrize("read_first", [True, False], ids=["tf_keras_read_before", "not_read"])
+def test_tfmot_leaves_keras_tf_keras_and_the_environment_as_they_were(read_first):
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    code = _ONE_PROCESS.replace("READ_TF_KERAS_FIRST", str(read_first))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    before, after = seen["before"], seen["after"]
+    assert after["tfmot"] and after["small"].startswith("keras.")  # pruned, back as Keras 3
+    assert after["keras"] == before["keras"] and after["keras"].startswith("3.")
+    assert after["env"] is None and before["env"] is None
+    # tf.keras is what it was, or (not read before) what the user's environment makes it.
+    assert after["tf.keras"] == before.get("tf.keras", after["tf.keras"])
+    assert after["tf.keras"][1].startswith("3.")

@@ -1,0 +1,142 @@
+"""The one place that decides which Keras tfaccel drives, and which Keras a model belongs to.
+
+TF-MOT (pruning, quantization-aware training) only accepts tf_keras (Keras 2)
+objects, so tfaccel builds, wraps and checks models with tf_keras: every other
+tfaccel module does ``from tfaccel.keras import keras``; nothing else imports a
+Keras directly. Keras 3 (the `keras` package, what ``import keras`` gives
+since TensorFlow 2.16) is recognized here: `flavour_of` tells the two apart,
+`keras3()` imports Keras 3 only when asked, and `tfaccel.keras.bridge`
+translates models between the two, verified numerically, so that Keras 3 models
+reach TF-MOT. `tfmot()` is the one place TF-MOT is imported, with its side
+effect (it sets ``TF_USE_LEGACY_KERAS=1`` in the process) undone.
+
+Example:
+
+    from tfaccel.keras import ensure_tf_keras, flavour_of, keras, keras3
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    ensure_tf_keras(model)   # passes; a Keras 3 model raises WrongKerasError
+    flavour_of(model)                              # 'tf_keras'
+    flavour_of(keras3().layers.Dense(2))           # 'keras3'
+"""
+
+import os
+import sys
+
+import tf_keras as keras
+
+from tfaccel import _aliases
+from tfaccel.errors import ModelError, WrongKerasError
+
+FLAVOURS = ("tf_keras", "keras3")
+"""The Kerases tfaccel knows: tf_keras (Keras 2, what TF-MOT needs) and Keras 3."""
+
+# The top-level package a class comes from -> its flavour.
+_PACKAGES = {"tf_keras": "tf_keras", "keras": "keras3"}
+
+_HOW_TO_FIX = (
+    "build it with `from tfaccel.keras import keras` (or `import tf_keras`), "
+    "or set TF_USE_LEGACY_KERAS=1 before importing TensorFlow so that tf.keras is Keras 2"
+)
+_BRIDGE = "or translate it with tfaccel.keras.bridge.to_tf_keras(model)"
+
+
+def _flavour_or_none(obj):
+    for cls in type(obj).__mro__:
+        package = (cls.__module__ or "").partition(".")[0]
+        if package in _PACKAGES:
+            return _PACKAGES[package]
+    return None
+
+
+def flavour_of(obj) -> str:
+    """'tf_keras' or 'keras3': the Keras that `obj` (a model, layer, optimizer...) belongs to.
+
+    Read from the classes of `obj`, so asking never imports a Keras: a Keras 3
+    object exists only once Keras 3 is imported.
+
+    Raises:
+      ModelError: `obj` is an instance of neither Keras.
+    """
+    flavour = _flavour_or_none(obj)
+    if flavour is None:
+        raise ModelError(f"{type(obj).__name__} object {obj!r:.60} comes from neither tf_keras "
+                         "nor Keras 3: pass a Keras model, layer or optimizer")
+    return flavour
+
+
+def is_keras3_object(obj) -> bool:
+    """True when `obj` is an instance of a Keras 3 (`keras` package) class."""
+    return _flavour_or_none(obj) == "keras3"
+
+
+def keras3():
+    """The Keras 3 package (`import keras`), imported on first call, never before.
+
+    Raises:
+      ModelError: Keras 3 is not installed, or `keras` is an old Keras 2.
+    """
+    try:
+        import keras as keras_3  # the one import of Keras 3 in tfaccel
+    except ImportError as e:
+        raise ModelError(f"Keras 3 is not installed ({e}): pip install 'keras>=3'") from None
+    if not keras_3.__version__.startswith("3."):
+        raise ModelError(f"the `keras` package is {keras_3.__version__}, not Keras 3: "
+                         "pip install 'keras>=3'")
+    return keras_3
+
+
+def ensure_tf_keras(obj, what: str = "model"):
+    """Returns `obj` unchanged if it is a tf_keras object, else raises.
+
+    Args:
+      obj: a model, layer or optimizer.
+      what: how to call `obj` in the error message.
+
+    Returns:
+      `obj`.
+
+    Raises:
+      WrongKerasError: `obj` comes from Keras 3, which TF-MOT rejects.
+    """
+    if is_keras3_object(obj):
+        name = getattr(obj, "name", type(obj).__name__)
+        bridge = f", {_BRIDGE}" if what == "model" else ""
+        raise WrongKerasError(
+            f"{what} {name!r} is a Keras 3 object ({type(obj).__module__}.{type(obj).__name__}) "
+            f"but tfaccel drives tf_keras (Keras 2, required by TF-MOT): {_HOW_TO_FIX}{bridge}."
+        )
+    return obj
+
+
+def tfmot():
+    """The `tensorflow_model_optimization` package, imported here and nowhere else.
+
+    Importing TF-MOT sets ``TF_USE_LEGACY_KERAS=1`` in the process and then reads
+    `tf.keras`, which would make `tf.keras` (if nothing had read it yet) tf_keras
+    for good. Here `tf.keras` is resolved first, under the environment the user
+    set, and the variable is put back as it was, so `import keras`, `tf.keras`
+    and ``os.environ`` look after the import as they did before it. Imported on
+    first use: it is slow.
+    """
+    module = sys.modules.get("tensorflow_model_optimization")
+    if module is not None:
+        return module
+    import tensorflow as tf
+
+    before = os.environ.get("TF_USE_LEGACY_KERAS")
+    getattr(tf.keras, "version", None)  # resolves the lazy tf.keras as the user's setting says
+    try:
+        import tensorflow_model_optimization
+    finally:
+        if before is None:
+            os.environ.pop("TF_USE_LEGACY_KERAS", None)
+        else:
+            os.environ["TF_USE_LEGACY_KERAS"] = before
+    return tensorflow_model_optimization
+
+
+__getattr__ = _aliases.submodule_getattr(__name__)  # tfaccel.keras.bridge, loaded on first use
+
+__all__ = ["keras", "ensure_tf_keras", "is_keras3_object", "flavour_of", "keras3", "FLAVOURS",
+           "tfmot"]

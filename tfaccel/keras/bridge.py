@@ -1,0 +1,302 @@
+"""The bridge between Keras 3 and tf_keras: the same model in the other Keras, verified.
+
+TF-MOT prunes and quantization-aware trains tf_keras models only. `to_tf_keras`
+translates a Keras 3 Sequential or functional model built from standard layers
+into the equivalent tf_keras model: the architecture through its config
+(`tfaccel.keras.translate` says what differs between the two Kerases), the
+weights copied layer by layer. `to_keras3` is the way back (e.g. for a pruned
+model after `strip_pruning`). Every crossing is checked: both models run on
+sample inputs (yours, or random ones of the model's input shape) and their
+outputs must agree within `atol`, or the bridge raises instead of handing you a
+different model. A model it cannot translate gets one error listing every such
+layer (custom layer classes, Lambda, raw ops such as ``x * 2``) with the fix.
+
+The prune and QAT helpers (`tfaccel.compress`) call it for you: a Keras 3 model
+given to `prune_to_sparsity` is pruned as tf_keras, and `strip_pruning`
+returns it as Keras 3 again.
+
+Example:
+
+    from tfaccel.keras import bridge, keras3
+
+    k3 = keras3()                                 # what `import keras` gives: Keras 3
+    inputs = k3.Input((8, 8, 1))
+    x = k3.layers.Conv2D(8, 3, activation="relu")(inputs)
+    outputs = k3.layers.Dense(10)(k3.layers.Flatten()(x))
+    model3 = k3.Model(inputs, outputs)
+    model2 = bridge.to_tf_keras(model3)           # tf_keras, same outputs within 1e-5
+    again = bridge.to_keras3(model2)              # Keras 3 again
+    bridge.max_difference(model3, again)          # e.g. 0.0
+"""
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from tfaccel import _compat
+from tfaccel.errors import ModelError, UnsupportedLayerError, first_line
+from tfaccel.keras import flavour_of, keras, keras3, translate
+
+_FIX = ("ways out: rebuild those parts from standard Keras layers (e.g. a Lambda or `x * 2` "
+        "-> keras.layers.Rescaling(2.0), an op -> its layer, such as keras.layers.Add or "
+        "Activation), or build the model in tf_keras (`from tfaccel.keras import keras`), "
+        "which TF-MOT takes as it is")
+_HINTS = {  # tf_keras wrappers that have no Keras 3 form, and what to do with them
+    "PruneLowMagnitude": "a pruning wrapper: call tfaccel.strip_pruning first",
+    "QuantizeWrapper": "a QAT wrapper: a QAT model stays tf_keras (convert_to_tflite takes it)",
+    "QuantizeWrapperV2": "a QAT wrapper: a QAT model stays tf_keras (convert_to_tflite takes it)",
+    "QuantizeLayer": "a QAT layer: a QAT model stays tf_keras (convert_to_tflite takes it)",
+}
+
+
+class _Side:
+    """One Keras as the bridge sees it: its module, how to check a model's graph, its name."""
+
+    def __init__(self, flavour):
+        self.flavour = flavour
+        self.name = "Keras 3" if flavour == "keras3" else "tf_keras"
+        self.module = keras3() if flavour == "keras3" else keras
+
+    def is_graph(self, model):
+        if self.flavour == "keras3":
+            return isinstance(model, self.module.Sequential) or _compat.is_keras3_functional(model)
+        return _compat.is_graph_network(model)
+
+    def operations(self, model):
+        if self.flavour == "keras3" and not isinstance(model, self.module.Sequential):
+            return _compat.keras3_operations(model)
+        return list(model.layers)
+
+
+def _untranslatable_calls(model, source, target, prefix=""):
+    """[(name, class, reason)] of the operations in `model` that `target` has no layer for."""
+    bad = []
+    for op in source.operations(model):
+        kind = type(op).__name__
+        name = prefix + getattr(op, "name", kind)
+        if isinstance(op, source.module.Model):
+            if not source.is_graph(op):
+                bad.append((name, kind, "a subclassed model nested inside"))
+            else:
+                bad += _untranslatable_calls(op, source, target, prefix=f"{name}/")
+        elif not isinstance(op, source.module.layers.Layer):
+            bad.append((name, kind, "a raw operation, not a layer"))
+        elif kind == "Lambda":
+            bad.append((name, kind, "a Lambda is code, which no config carries across"))
+        elif type(op) is not getattr(source.module.layers, kind, None):
+            bad.append((name, kind, _HINTS.get(kind, "a custom layer class")))
+        elif not hasattr(target.module.layers, kind):
+            bad.append((name, kind, f"{target.name} has no {kind} layer"))
+    return bad
+
+
+def _untranslatable_configs(config, direction, target, prefix=""):
+    """[(name, class, reason)] of the layer configs `target` cannot rebuild."""
+    bad = []
+    for entry in config["layers"]:
+        kind, name = entry["class_name"], prefix + entry.get("name", entry["config"].get("name"))
+        if kind in translate.MODEL_CLASSES:
+            bad += _untranslatable_configs(entry["config"], direction, target, f"{name}/")
+            continue
+        try:
+            translated = translate.layer_entry(entry, direction)
+            if kind != "InputLayer":  # built when the model is; its config is checked there
+                getattr(target.module.layers, kind).from_config(translated["config"])
+        except (translate.Untranslatable, TypeError, ValueError) as e:
+            bad.append((name, kind, _reason(e)))
+    return bad
+
+
+def _reason(error):
+    """The cause in a Keras error ("Error when deserializing class X using config=...")."""
+    text = str(error)
+    if "Exception encountered:" in text:
+        text = text.rpartition("Exception encountered:")[2]
+    return first_line(text)
+
+
+def untranslatable_layers(model):
+    """[(layer name, class name, reason)] of what keeps `model` from crossing to the other Keras.
+
+    Empty when `to_tf_keras` (for a Keras 3 model) or `to_keras3` (for a
+    tf_keras one) can translate it. Nested models' layers are named
+    'inner/layer'.
+
+    Raises:
+      UnsupportedLayerError: a subclassed model (it has no graph to translate).
+    """
+    source, target, direction = _sides(model)
+    _check_graph(model, source)
+    bad = _untranslatable_calls(model, source, target)
+    if not bad:  # a layer the target has can still hold options it lacks
+        bad = _untranslatable_configs(model.get_config(), direction, target)
+    return bad
+
+
+def _sides(model):
+    if flavour_of(model) == "keras3":
+        return _Side("keras3"), _Side("tf_keras"), translate.TO_TF_KERAS
+    return _Side("tf_keras"), _Side("keras3"), translate.TO_KERAS3
+
+
+def _check_graph(model, source):
+    if not isinstance(model, source.module.Model) or not source.is_graph(model):
+        raise UnsupportedLayerError(
+            f"model {getattr(model, 'name', model)!r} is a subclassed {type(model).__name__}: "
+            f"the bridge translates Sequential and functional {source.name} models only; "
+            "rebuild it with keras.Input and layer calls")
+    if not model.built or not model.inputs:
+        raise ModelError(f"model {model.name!r} has no inputs yet: start it with keras.Input(...) "
+                         "(or build it) before translating it")
+
+
+# ---------------------------------------------------------------- weights and checks
+
+
+def _short(variable):
+    return variable.name.rpartition("/")[2].partition(":")[0]
+
+
+def _copy_weights(source_model, target_model):
+    """Sets every layer of `target_model` to the weights of the same-named layer of the source."""
+    for layer in target_model.layers:
+        if not layer.weights:
+            continue
+        old = source_model.get_layer(layer.name)
+        if isinstance(layer, (keras.Model, keras3().Model)):
+            _copy_weights(old, layer)
+            continue
+        values = {_short(v): np.asarray(v.numpy()) for v in old.weights}
+        names = [_short(v) for v in layer.weights]
+        if sorted(values) == sorted(names) and len(set(names)) == len(names):
+            arrays = [values[n] for n in names]
+        else:  # names differ between the Kerases: the same creation order
+            arrays = [np.asarray(v.numpy()) for v in old.weights]
+        layer.set_weights(arrays)
+
+
+def sample_inputs(model, batch_size=8, seed=0):
+    """Random inputs of `model`'s input shapes (normal floats; 0/1 for integer inputs).
+
+    Raises:
+      ModelError: an input dimension other than the batch is unknown (pass `sample`).
+    """
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for ref in model.inputs:
+        shape = [None if d is None else int(d) for d in tuple(ref.shape)[1:]]
+        if None in shape:
+            raise ModelError(f"input {ref.name!r} of {model.name!r} has unknown dimensions "
+                             f"{tuple(ref.shape)}: pass sample=<arrays of real inputs>")
+        dtype = np.dtype(getattr(ref.dtype, "as_numpy_dtype", ref.dtype))
+        if np.issubdtype(dtype, np.integer):
+            arrays.append(rng.integers(0, 2, (batch_size, *shape)).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal((batch_size, *shape)).astype(dtype))
+    return arrays
+
+
+def _as_inputs(model, sample):
+    if sample is None:
+        arrays = sample_inputs(model)
+    elif isinstance(sample, tf.data.Dataset):
+        batch = next(iter(sample.take(1)))
+        x = batch[0] if isinstance(batch, tuple) else batch
+        arrays = [np.asarray(t) for t in tf.nest.flatten(x)]
+    else:
+        arrays = [np.asarray(a) for a in (sample if isinstance(sample, (list, tuple)) else
+                                          [sample])]
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def max_difference(model_a, model_b, sample=None):
+    """The largest absolute difference between two models' outputs (inference mode) on `sample`.
+
+    Args:
+      model_a, model_b: models of either Keras with the same inputs and outputs.
+      sample: an array, a list of arrays (one per input) or a `tf.data.Dataset`
+        (its first batch); default: `sample_inputs(model_a)`.
+
+    Raises:
+      ModelError: the models' outputs differ in number or shape.
+    """
+    inputs = _as_inputs(model_a, sample)
+    outputs = [[np.asarray(o, np.float32) for o in tf.nest.flatten(m(inputs, training=False))]
+               for m in (model_a, model_b)]
+    shapes = [[o.shape for o in out] for out in outputs]
+    if shapes[0] != shapes[1]:
+        raise ModelError(f"{model_a.name!r} and {model_b.name!r} give outputs of shapes "
+                         f"{shapes[0]} and {shapes[1]}: they are not the same model")
+    return max((float(np.max(np.abs(a - b))) for a, b in zip(*outputs) if a.size), default=0.0)
+
+
+def _cross(model, flavour_wanted, sample, atol):
+    source, target, direction = _sides(model)
+    if source.flavour == flavour_wanted:
+        raise ModelError(f"model {model.name!r} is already a {source.name} model: "
+                         f"to_{flavour_wanted} translates {target.name} models")
+    bad = untranslatable_layers(model)
+    if bad:
+        listed = "; ".join(f"{name} ({kind}: {why})" for name, kind, why in bad)
+        raise UnsupportedLayerError(
+            f"the bridge cannot translate {len(bad)} layer(s) of {model.name!r} to {target.name}, "
+            f"so it would not be the same model: {listed}; {_FIX}")
+    config = translate.model_config(model.get_config(), direction)
+    cls = target.module.Sequential if isinstance(model, source.module.Sequential) else \
+        target.module.Model
+    try:
+        translated = cls.from_config(config)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ModelError(f"{target.name} cannot rebuild {model.name!r} from its translated "
+                         f"config: {first_line(e, with_type=True)}") from None
+    _copy_weights(model, translated)
+    difference = max_difference(model, translated, sample)
+    if not difference <= atol:
+        raise ModelError(
+            f"the {target.name} translation of {model.name!r} gives outputs up to {difference:.3g} "
+            f"away from the original (atol={atol}): the bridge refuses a different model; "
+            "pass a larger atol only if the model computes in float16/bfloat16")
+    logging.info("bridged %r to %s: outputs within %.3g", model.name, target.name, difference)
+    return translated
+
+
+def to_tf_keras(model3, sample=None, atol=1e-5):
+    """The tf_keras equivalent of a Keras 3 Sequential or functional model, verified.
+
+    Example:
+
+        model2 = to_tf_keras(model3, sample=x_test[:32])
+
+    Args:
+      model3: a built Keras 3 Sequential or functional model of standard layers
+        (nested Sequential/functional models are translated too).
+      sample: inputs to compare the two models on (see `max_difference`);
+        default: 8 random inputs of the model's input shapes.
+      atol: the largest absolute difference of outputs accepted.
+
+    Returns:
+      A new, uncompiled tf_keras model with the same layer names and weights.
+
+    Raises:
+      UnsupportedLayerError: layers it cannot translate (all listed), or a subclassed model.
+      ModelError: not a Keras 3 model, or the translation's outputs differ by more than `atol`.
+    """
+    return _cross(model3, "tf_keras", sample, atol)
+
+
+def to_keras3(model2, sample=None, atol=1e-5):
+    """The Keras 3 equivalent of a tf_keras Sequential or functional model, verified.
+
+    The way back from `to_tf_keras`, e.g. for a pruned model after
+    `strip_pruning` (wrappers must be stripped first; a QAT model has no Keras 3
+    form). Arguments, returns and errors as `to_tf_keras`, the other way round.
+    """
+    return _cross(model2, "keras3", sample, atol)
+
+
+def as_tf_keras(model, sample=None, atol=1e-5):
+    """`model` if it is tf_keras, its verified tf_keras translation if it is Keras 3.
+
+    What the TF-MOT helpers call on the model they are given.
+    """
+    return to_tf_keras(model, sample, atol) if flavour_of(model) == "keras3" else model
