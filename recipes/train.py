@@ -103,7 +103,6 @@ def main(argv):
         model = common.load_model(splits.info)
         model = precision.apply_precision(model, policy)  # float32 outputs, loaded models too
     model = parallel_flags.staged_model(model)  # --parallel: stages on devices (else model)
-    unsplit = getattr(model, "placed", model)  # the functional model (same variables)
     search = None
     if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
         with strategy.scope():
@@ -154,6 +153,7 @@ def main(argv):
             model = precision.apply_precision(model, policy)
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
         common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
+    unsplit = getattr(model, "placed", model)  # --parallel: the functional model (same weights)
 
     # --- Train, logging to TensorBoard.
     common.write_run_config(model_dir, os.path.join(logdir, "train"))
@@ -164,7 +164,7 @@ def main(argv):
     train_logdir = os.path.join(logdir, "train")
     summaries.write_text(train_logdir, "performance/layer_dtypes",
                          summaries.markdown_table(precision.layer_dtypes(unsplit)))
-    if unsplit is not model:
+    if FLAGS.parallel != "none":
         parallel_flags.write_stage_table(model, train_logdir)
     if search is not None:
         monitor.write_trial_report(train_logdir, "performance/batch_size_search",
@@ -223,7 +223,7 @@ def main(argv):
         "learning_rate": learning_rate,
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
         "parallel": FLAGS.parallel,
-        "stages": model.plan.to_json() if unsplit is not model else None,
+        "stages": model.plan.to_json() if FLAGS.parallel != "none" else None,
     }
     summaries.write_scalars(os.path.join(logdir, "test"),
                             {"test_accuracy": test["accuracy"], "test_loss": test["loss"]},

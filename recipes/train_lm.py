@@ -90,7 +90,6 @@ def main(argv):
         model = lm_common.build_language_model(splits.vocab.size)
     # --parallel: the stages on devices; --recompute stays per block, inside the stages
     model = parallel_flags.staged_model(model, recompute=False)
-    unsplit = getattr(model, "placed", model)  # the functional model (same variables)
     model_dir, logdir = common.run_dirs(strategy, lm_common.MODEL_DIR_PREFIX)
     io.write_json(os.path.join(model_dir, lm_common.MODEL_CONFIG_FILE), description)
     train_logdir = os.path.join(logdir, "train")
@@ -127,10 +126,11 @@ def main(argv):
             model = precision.apply_precision(model, policy)
     with strategy.scope():
         lm_common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
+    unsplit = getattr(model, "placed", model)  # --parallel: the functional model (same weights)
 
     # --- Train, logging to TensorBoard.
     common.write_run_config(model_dir, train_logdir)
-    if unsplit is not model:
+    if FLAGS.parallel != "none":
         parallel_flags.write_stage_table(model, train_logdir)
     summaries.write_text(train_logdir, "model/config", summaries.markdown_table(
         [{"setting": k, "value": v} for k, v in config.to_json().items()]
@@ -193,7 +193,7 @@ def main(argv):
         "distribution": distribute.describe(strategy),
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
         "parallel": FLAGS.parallel,
-        "stages": model.plan.to_json() if unsplit is not model else None,
+        "stages": model.plan.to_json() if FLAGS.parallel != "none" else None,
         "prompt": FLAGS.prompt, "sample": sample,
         "samples_per_epoch": samples.samples if samples else [],
     }

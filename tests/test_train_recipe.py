@@ -274,22 +274,23 @@ def _reads(tree):
 
 
 def _flags_acted_on(name):
-    """Flags read by recipes/<name>.py and by the recipes/common.py (and lm_common.py)
-    functions it reaches.
+    """Flags read by recipes/<name>.py and by the recipes/common.py (and lm_common.py,
+    parallel_flags.py) functions it reaches.
 
     Reads inside check_* functions do not count: checking a flag is not acting on it (a
     --backup_dir only checked writable would still be ignored).
     """
     recipe = ast.parse(open(os.path.join(RECIPES, f"{name}.py")).read())
     functions = {}
-    for module in ("common", "lm_common", "shared_flags"):
+    for module in ("common", "lm_common", "shared_flags", "parallel_flags"):
         tree = ast.parse(open(os.path.join(RECIPES, f"{module}.py")).read())
         functions.update({(module, f.name): f for f in tree.body
                           if isinstance(f, ast.FunctionDef)})
 
     def called(tree, module=None):
         calls = [(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                 and isinstance(n.value, ast.Name) and n.value.id in ("common", "lm_common")]
+                 and isinstance(n.value, ast.Name)
+                 and n.value.id in ("common", "lm_common", "parallel_flags")]
         if module is not None:  # a module's own (or imported shared) functions, by name
             calls += [(m, n.id) for n in ast.walk(tree) if isinstance(n, ast.Name)
                       for m in (module, "shared_flags")]
