@@ -314,7 +314,8 @@ print(json.dumps({"before": before, "after": after}))
 """
 
 
-@pytest.mark.parametrize("read_first", [True, False], ids=["tf_keras_read_before", "not_read"])
+@pytest.mark.parametrize("read_first", [pytest.param(True, marks=pytest.mark.slow), False],
+                         ids=["tf_keras_read_before", "not_read"])
 def test_tfmot_leaves_keras_tf_keras_and_the_environment_as_they_were(read_first):
     env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))

@@ -82,9 +82,11 @@ def assert_same_training(results, rtol=1e-5, atol=1e-6, trained=True):
         np.testing.assert_allclose(b, a, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("micro_batches", [1, 2, 4])
-@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recompute"])
+# Recomputation with micro-batches runs in the slow tier (and on 4 devices below).
+@pytest.mark.parametrize("name,micro_batches,recompute", [
+    pytest.param(name, m, rec, id=f"{name}-{m}-{'recompute' if rec else 'stored'}",
+                 marks=[pytest.mark.slow] if rec and m > 1 else [])
+    for name in sorted(MODELS) for m in (1, 2, 4) for rec in (False, True)])
 def test_split_training_equals_the_unsplit_model(name, micro_batches, recompute):
     results, staged = train_both(MODELS[name], NUM_CPU_DEVICES, micro_batches, recompute)
     assert_same_training(results)
@@ -154,6 +156,7 @@ def test_recompute_runs_the_stage_forward_again_in_the_backward_pass():
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+@pytest.mark.slow
 def test_mixed_precision_scales_the_loss_once_per_batch(policy):
     from tfaccel.performance import precision
 
@@ -171,6 +174,7 @@ def test_mixed_precision_scales_the_loss_once_per_batch(policy):
         assert isinstance(staged.optimizer, keras.mixed_precision.LossScaleOptimizer)
 
 
+@pytest.mark.slow
 def test_a_schedule_steps_once_per_batch():
     from tfaccel.train import schedules
 
@@ -184,11 +188,13 @@ def test_a_schedule_steps_once_per_batch():
     assert unsplit_lr < 0.1
 
 
+@pytest.mark.slow
 def test_batchnorm_model_matches_without_micro_batches():
     results, _ = train_both(lambda: build_model("resnet", (8, 8, 1), 10), 2, 1)
     assert_same_training(results, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_saving_the_pipeline_saves_the_functional_model(tmp_path):
     _, staged = train_both(residual_model, 2, 2)
     path = str(tmp_path / "model.keras")

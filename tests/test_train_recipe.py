@@ -142,12 +142,12 @@ slow = pytest.mark.slow
                  marks=slow),
     pytest.param(["--parallel=model", "--jit_compile=true"], "XLA would compile the whole step",
                  marks=slow),
-    (["--parallel=pipeline", "--stages=3", "--cpu_devices=2"],
-     "stages=3 but only 2 device(s)"),
-    (["--parallel=pipeline", "--stages=12", "--cpu_devices=2"],
-     "stages=12 is more than the model's 9 layers"),
-    (["--parallel=pipeline", "--stage_boundaries=dense,nope", "--cpu_devices=2"],
-     "stage boundary 'nope' is not a layer of the model"),
+    pytest.param(["--parallel=pipeline", "--stages=3", "--cpu_devices=2"],
+                 "stages=3 but only 2 device(s)", marks=slow),
+    pytest.param(["--parallel=pipeline", "--stages=12", "--cpu_devices=2"],
+                 "stages=12 is more than the model's 9 layers", marks=slow),
+    pytest.param(["--parallel=pipeline", "--stage_boundaries=dense,nope", "--cpu_devices=2"],
+                 "stage boundary 'nope' is not a layer of the model", marks=slow),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     model_dir = tmp_path / "run"
@@ -368,6 +368,7 @@ def test_pipeline_run_matches_the_unsplit_accuracy_and_logs_its_stages(tmp_path)
     assert acc == pytest.approx(accuracy["pipeline"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_subclassed_model_cannot_be_split_one_line(tmp_path):
     tests_dir = os.path.dirname(os.path.abspath(__file__))
     proc = run_recipe("train", "--model_fn=user_models:subclassed", "--parallel=pipeline",
