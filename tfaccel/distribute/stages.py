@@ -225,9 +225,10 @@ def plan_stages(model, num_stages=None, boundaries=None, devices=None, balance="
     if not boundaries:
         cuts = balanced_cuts(_layer_weights(model, names, balance, memory), num_stages)
     groups = [names[a:b] for a, b in zip([0, *cuts], [*cuts, len(names)])]
+    receives = _receives(model, groups)
     return StagePlan(model.name, tuple(
         Stage(k, devices[k], tuple(group), sum(model.get_layer(n).count_params() for n in group),
-              _stage_memory(profiled, group, settings, k == 0), _receives(model, groups, k))
+              _stage_memory(profiled, group, settings, k == 0), receives[k])
         for k, group in enumerate(groups)), int(micro_batches))
 
 
@@ -243,24 +244,21 @@ def _stage_memory(profiled, group, settings, first):
     return int(sum(plan.stage_breakdown(profile, layers, settings, first).values()))
 
 
-def _receives(model, groups, k):
-    """What crosses into stage k: (producing layer, shape, passed along by stage k-1)."""
-    if k == 0:
-        return ()
+def _receives(model, groups):
+    """Per stage, what crosses into it: (producing layer, shape, passed along by the stage
+    before); the graph is walked once for all stages."""
     stage_of = {name: i for i, group in enumerate(groups) for name in group}
     calls, input_ids, output_ids = _compat.graph_calls(model)
     made_by = {i: ("input", -1) for i in input_ids}
-    shapes = {}
+    shapes = {i: tuple(ref.shape) for ref, i in zip(model.inputs, input_ids)}
     for layer, _, outs, node in calls:
-        for i, tensor in zip(outs, node.outputs if isinstance(node.outputs, (list, tuple))
-                             else [node.outputs]):
+        tensors = node.outputs if isinstance(node.outputs, (list, tuple)) else [node.outputs]
+        for i, tensor in zip(outs, tensors):
             made_by[i] = (layer.name, stage_of[layer.name])
             shapes[i] = tuple(tensor.shape)
-    for ref, i in zip(model.inputs, input_ids):
-        shapes[i] = tuple(ref.shape)
-    crossing = live_tensors(calls, input_ids, output_ids, stage_of, k)
-    return tuple((made_by[i][0] if made_by[i][0] != "input" else "input", shapes[i],
-                  made_by[i][1] < k - 1) for i in crossing)
+    return [()] + [tuple((made_by[i][0], shapes[i], made_by[i][1] < k - 1)
+                         for i in live_tensors(calls, input_ids, output_ids, stage_of, k))
+                   for k in range(1, len(groups))]
 
 
 def live_tensors(calls, input_ids, output_ids, stage_of, k):
