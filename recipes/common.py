@@ -20,6 +20,13 @@ import dataclasses
 import os
 
 import flagkit
+from fit_setup import (
+    FitCallbacks,
+    compile_from_flags,
+    fit_batch_size,
+    fit_callbacks,
+    memory_plan,
+)
 from flagkit import (
     FLAGS,
     BatchSizeParser,
@@ -60,11 +67,12 @@ __all__ = [
     "define_pipeline_flags", "define_schedule_flags", "define_text_flags", "define_train_flags",
     "flag_values", "int_list", "reject_extra_args", "require_ints",
     # The setup.
-    "load_data", "load_model", "model_label", "default_model_dir", "check_output_dirs",
-    "run_dirs", "write_run_config", "use_host_allocator", "check_host_allocator",
-    "strategy_from_flags", "scaled_learning_rate", "pipeline_config", "Inputs",
-    "input_from_flags", "lr_schedule", "compile_from_flags", "FitCallbacks", "fit_callbacks",
-    "memory_plan", "run",
+    "load_data", "load_model", "check_keras3_flags", "model_label", "default_model_dir",
+    "check_output_dirs", "run_dirs", "write_run_config", "use_host_allocator",
+    "check_host_allocator", "strategy_from_flags", "scaled_learning_rate", "pipeline_config",
+    "Inputs", "input_from_flags", "lr_schedule", "run",
+    # Re-exported: compiling and fitting from the flags (recipes/fit_setup.py).
+    "compile_from_flags", "fit_batch_size", "FitCallbacks", "fit_callbacks", "memory_plan",
 ]
 
 
@@ -90,9 +98,25 @@ def load_data():
 
 def load_model(info):
     """The model the flags ask for, checked against the dataset `info`."""
-    from tfaccel.train.models import resolve_model
+    from tfaccel.train.models import is_model_path, resolve_model
 
-    return resolve_model(FLAGS.model, info.input_shape, info.num_classes, FLAGS.model_fn)
+    keras = FLAGS.keras if FLAGS["keras"].present or not (
+        FLAGS.model_fn or is_model_path(FLAGS.model)) else None  # a file keeps its own Keras
+    return resolve_model(FLAGS.model, info.input_shape, info.num_classes, FLAGS.model_fn, keras)
+
+
+def check_keras3_flags():
+    """Raises ConfigError for a flag this recipe cannot honour on a Keras 3 model (call before
+    the strategy waits for its peers when --keras=keras3, and once a loaded model turns out to
+    be Keras 3): what still needs tf_keras is named with the fix."""
+    needs_tf_keras = [f"--{name}={FLAGS[name].value}" for name, unsupported in (
+        ("parallel", ("model", "pipeline")),  # stages place tf_keras layers
+        # Keras 3's fit fails under it (keras-team/keras#20585, tensorflow#72388)
+        ("strategy", ("multi_worker",))) if FLAGS.get_flag_value(name, None) in unsupported]
+    if needs_tf_keras:
+        raise ConfigError(f"{', '.join(needs_tf_keras)} needs a tf_keras model, and this one is "
+                          "a Keras 3 model: drop the flag, or pass --keras=tf_keras (see "
+                          "docs/keras3.md)")
 
 
 def model_label():
@@ -270,77 +294,6 @@ def lr_schedule(learning_rate, steps_per_epoch):
                          min_lr_ratio=FLAGS.min_lr_ratio,
                          boundaries=floats(FLAGS.lr_boundaries, "lr_boundaries"),
                          multipliers=floats(FLAGS.lr_multipliers, "lr_multipliers"))
-
-
-def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
-                       accum_steps=1, compile_fn=None):
-    """Compiles `model` (`compile_fn`, default `training.compile_classifier`) with --optimizer
-    (and --adam_beta2/--clip_norm/--weight_decay/--ema if defined) at `learning_rate`:
-    loss scaling for mixed_float16, XLA, accumulation over `accum_steps`. In strategy scope."""
-    from tfaccel.performance import accumulate, precision
-    from tfaccel.train import training
-
-    tuned = ({"weight_decay": FLAGS.weight_decay, "beta_2": FLAGS.adam_beta2, "clip_norm":
-              FLAGS.clip_norm, "ema_momentum": FLAGS.ema} if "clip_norm" in FLAGS else {})
-    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, **tuned)
-    (compile_fn or training.compile_classifier)(
-        model, precision.wrap_optimizer(optimizer, policy), jit_compile=jit_compile)
-    if accum_steps == 1:
-        return model
-    return accumulate.enable_gradient_accumulation(model, accum_steps)
-
-
-FitCallbacks = collections.namedtuple("FitCallbacks", "callbacks backup throughput")
-
-
-def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
-    """The memory plan (`tfaccel.performance.plan`) of `model` trained with this run's flags,
-    `batch_size` examples per device; the device is --device_memory or the default one."""
-    from tfaccel.performance import devices, plan
-
-    memory = FLAGS.device_memory or devices.default_device_memory()[0]
-    return plan.plan_memory(model, plan.PlanSettings(
-        batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
-        grad_accum_steps=grad_accum_steps or FLAGS.grad_accum_steps, replicas=replicas,
-        device_memory=memory))
-
-
-def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print,
-                  extra=()):
-    """The train recipe's callbacks for `fit`, in the order they must run; what
-    benchmarks/bench_overhead.py times against a bare `fit`.
-
-    The NaN/Inf stop first (nothing backs up or logs a non-finite step); the backup (which
-    saves the weights to `model_dir`/checkpoints/ at each backup) and the resume line before
-    the others (they then see the restored state), kept after `fit` (removed once
-    metrics.json is written: a kill while exporting loses nothing); `data_epoch`
-    (`resume.EpochCounter`); learning rate, throughput, Keras's epoch scalars, peak memory,
-    hardware load every --monitor_every_n_steps steps; `extra` (a language model's metrics and
-    samples) after throughput, before TensorBoard (which writes what they add to the logs).
-    Unless --backup_freq is a number of steps, none of them reads a tensor at every step.
-
-    Returns:
-      `FitCallbacks(callbacks, backup, throughput)`: the list for `fit`, the backup callbacks
-      (the last one's `resumed_at`) and the throughput logger (its `history`).
-    """
-    from tfaccel import monitor, summaries
-    from tfaccel.performance import memory
-    from tfaccel.train import resume, training
-
-    train_logdir = os.path.join(logdir, "train")
-    backup = resume.backup_callbacks(
-        backup_dir, backup_freq, epochs=FLAGS.epochs, printer=printer, delete_after_fit=False,
-        weights_path=os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"))
-    throughput = summaries.ThroughputLogger(train_logdir, FLAGS.batch_size)
-    callbacks = [training.StopOnNonFiniteLoss(), *backup,
-                 *([data_epoch] if data_epoch is not None else []),
-                 summaries.LearningRateLogger(train_logdir, every_n_steps=10), throughput,
-                 *extra,
-                 summaries.TensorBoard(logdir, update_freq="epoch"),  # no learning_rate copy
-                 memory.PeakMemoryLogger(train_logdir)]
-    if FLAGS.monitor_every_n_steps:
-        callbacks.append(monitor.HardwareMonitor(train_logdir, FLAGS.monitor_every_n_steps))
-    return FitCallbacks(callbacks, backup, throughput)
 
 
 def run(main, model_dir_prefix=""):

@@ -12,7 +12,13 @@ variant in --variants is built and measured as a TFLite file: `float`,
 post-training quantization calibrated on --calibration_samples training
 examples), `float16`, `int16x8`, `qat_int8` (quantization-aware fine-tuning,
 then int8) and `pruned_qat_int8` (prune to --sparsity, then prune-preserving
-QAT so the zeros survive, then int8). With --prune_block_size other than 1,1
+QAT so the zeros survive, then int8). A Keras 3 model (--keras=keras3, a Keras 3
+.keras file or --model_fn) can also have Keras 3's own post-training quantization
+of its Dense layers: `keras3_int8`, `keras3_int4` (blocks of 128 inputs) and
+`keras3_int4_per_channel` (tfaccel.compress.keras3_quantize). The int4 ones are
+.tflite files; TFLite cannot convert keras3_int8, so it is measured in Keras
+(accuracy on the same inputs, its variables' bytes, timed single-sample calls)
+and its row says so (runtime: keras). With --prune_block_size other than 1,1
 pruning runs in two stages: 2-D (Dense) kernels in blocks and the others
 (convolutions) element-wise first, then every prunable kernel element-wise at
 the same sparsity, holding the blocks' zeros. The QAT models are built on
@@ -27,7 +33,8 @@ chief writes to --model_dir; --scale_lr multiplies every stage's learning rate
 (float, pruning, QAT) by the number of replicas. There is no --backup_dir: a killed
 run starts again from the beginning, and --strategy=parameter_server is refused.
 
-Writes to --model_dir: float/model.keras, tflite/<variant>.tflite, report.md,
+Writes to --model_dir: float/model.keras, tflite/<variant>.tflite, keras3/<variant>.keras
+(a Keras 3 variant measured in Keras; it also holds a fresh optimizer's state), report.md,
 report.json and report.png (accuracy vs gzipped size; the pruned_qat_int8 row's
 pruned_sparsity is the share of zeros in the pruned layers' int8 weights), and
 TensorBoard logs (logs/<stage>: training curves; logs/report: the table as
@@ -42,14 +49,20 @@ import time
 import common
 from absl import flags
 
-VARIANTS = ("float", "dynamic", "int8", "float16", "int16x8", "qat_int8", "pruned_qat_int8")
+VARIANTS = ("float", "dynamic", "int8", "float16", "int16x8", "qat_int8", "pruned_qat_int8",
+            "keras3_int8", "keras3_int4", "keras3_int4_per_channel")
 PTQ = {"float": "float", "dynamic": "dynamic", "int8": "int8", "float16": "float16",
        "int16x8": "int16x8"}
+KERAS3 = {"keras3_int8": "int8", "keras3_int4": "int4",
+          "keras3_int4_per_channel": "int4_per_channel"}  # variant -> Keras 3 quantize mode
 DESCRIPTIONS = {
     "float": "float32 TFLite", "dynamic": "PTQ dynamic range (int8 weights)",
     "int8": "PTQ full integer int8", "float16": "PTQ float16 weights",
     "int16x8": "PTQ int16 activations, int8 weights", "qat_int8": "QAT, int8",
-    "pruned_qat_int8": "pruned + prune-preserving QAT, int8"}
+    "pruned_qat_int8": "pruned + prune-preserving QAT, int8",
+    "keras3_int8": "Keras 3 quantize('int8'): Dense int8, activations int8 on the fly",
+    "keras3_int4": "Keras 3 quantize('int4'): Dense int4 weights, blocks of 128",
+    "keras3_int4_per_channel": "Keras 3 int4 weights, a scale per output channel"}
 
 FLAGS = flags.FLAGS
 common.define_data_flags()
@@ -103,8 +116,16 @@ def main(argv):
     import numpy as np
 
     from tfaccel import distribute, io, summaries
-    from tfaccel.compress import prune, pruning_plan, quantize, report, tflite, tflite_eval
-    from tfaccel.keras import keras
+    from tfaccel.compress import (
+        keras3_quantize,
+        prune,
+        pruning_plan,
+        quantize,
+        report,
+        tflite,
+        tflite_eval,
+    )
+    from tfaccel.keras import flavour_of, keras
     from tfaccel.train import training
     from tfaccel.train.models import is_model_path
 
@@ -125,6 +146,10 @@ def main(argv):
     train_ds, test_ds, steps = inputs.train, inputs.test, inputs.steps_per_epoch
     with strategy.scope():
         model = common.load_model(splits.info)
+    wanted3 = [v for v in variants if v in KERAS3]
+    if wanted3 and flavour_of(model) != "keras3":
+        raise common.ConfigError(f"--variants={','.join(wanted3)} needs a Keras 3 model: "
+                                 "--keras=keras3 or a Keras 3 .keras file")
     skip = FLAGS.qat_skip_layers or None
     stages = [("prune", pruning_plan.PruneConfig(block_size=block), FLAGS.prune_epochs)]
     if block != (1, 1) and FLAGS.prune_hold_epochs:
@@ -189,7 +214,17 @@ def main(argv):
                                         mode=PTQ[variant], representative_data=train_ds.unbatch(),
                                         num_calibration_samples=FLAGS.calibration_samples)
         built[variant] = (path, float_pred)
-    extra = {}
+    extra, in_keras = {}, {}  # in_keras: variant -> its Keras 3 model (no TFLite form)
+    for variant in wanted3:
+        made = keras3_quantize.keras3_variant(model, KERAS3[variant],
+                                              os.path.join(tflite_dir, f"{variant}.tflite"))
+        extra[f"{variant}_quantized_layers"] = made.quantized["layers"]
+        extra[f"{variant}_quantized_share"] = made.quantized["share"]
+        if made.runtime == "tflite":
+            built[variant] = (made.path, predictions(made.model))
+        else:
+            print(f"{variant}: measured in Keras ({made.reason})")
+            in_keras[variant] = made.model
     if "qat_int8" in variants:
         with strategy.scope():
             qat = quantize.quantize_aware(model, skip_layers=skip)
@@ -239,7 +274,31 @@ def main(argv):
             "agreement_with_source": tflite_eval.prediction_agreement(result["predictions"],
                                                                       source_pred),
             **({"pruned_sparsity": pruned_sparsity} if variant == "pruned_qat_int8" else {}),
+            "runtime": "tflite", "path": os.path.join(final_dir, os.path.relpath(path, model_dir))})
+    # Keras 3 variants TFLite cannot convert: the same test inputs, timed the same way, in Keras
+    # (against the float Keras model, whose latency is the fair baseline for them).
+    keras_latency = keras3_quantize.compare_keras_latency(
+        {"float_keras": model, **in_keras}, num_runs=FLAGS.latency_runs, rounds=15) \
+        if in_keras else {}
+    for variant, quantized in in_keras.items():
+        print(f"evaluating {variant} (Keras)")
+        pred = predictions(quantized)
+        lat, base = keras_latency[variant], keras_latency["float_keras"]
+        path = os.path.join(model_dir, "keras3", f"{variant}.keras")
+        with io.atomic_path(path) as tmp:
+            quantized.save(tmp)
+        measured.append({
+            "variant": variant, "accuracy": float(np.mean(pred == labels.reshape(-1))),
+            **keras3_quantize.keras_weight_sizes(quantized),
+            "latency_p50_us": lat["p50_us"], "latency_mean_us": lat["mean_us"],
+            "agreement_with_float": tflite_eval.prediction_agreement(pred, float_pred),
+            "description": f"{DESCRIPTIONS[variant]}; runs in Keras (no TFLite form), size = its "
+                           f"variables, {base['p50_us'] / lat['p50_us']:.2f}x float Keras speed",
+            "runtime": "keras", "speedup_vs_float_keras": base["p50_us"] / lat["p50_us"],
             "path": os.path.join(final_dir, os.path.relpath(path, model_dir))})
+    if in_keras:
+        extra["float_keras_latency_p50_us"] = keras_latency["float_keras"]["p50_us"]
+    measured.sort(key=lambda row: variants.index(row["variant"]))  # as --variants lists them
     rows = report.comparison_rows(measured, "float", reference_accuracy=float_keras)
 
     # --- Report: markdown + JSON + PNG, and the same in TensorBoard.
@@ -262,7 +321,8 @@ def main(argv):
                                                if p != paths["logdir"]])
     with open(os.path.join(final_dir, "report.md")) as f:
         print("\n" + f.read())
-    print(f"wrote {final_dir}: report.md, report.json, report.png, tflite/, float/, logs/")
+    print(f"wrote {final_dir}: report.md, report.json, report.png, tflite/, float/, "
+          f"{'keras3/, ' if in_keras else ''}logs/")
     print(f"inspect: {summaries.tensorboard_command(os.path.join(final_dir, 'logs'))}")
 
 

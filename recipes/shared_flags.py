@@ -57,11 +57,17 @@ def define_data_flags():
 
 
 def define_model_flags(default="cnn"):
-    """--model (zoo name or saved model path) and --model_fn."""
+    """--model (zoo name or saved model path), --keras and --model_fn."""
     flags.DEFINE_string("model", default, f"One of {', '.join(choices.MODELS)}, or a .keras/.h5 "
                         "file or SavedModel directory.", module_name=MODEL)
+    flags.DEFINE_enum("keras", "tf_keras", choices.KERAS_FLAVOURS,
+                      "The Keras of the model: tf_keras (Keras 2) or keras3 (the `keras` package). "
+                      "Zoo models are built in it; a model file or --model_fn model keeps its own "
+                      "Keras unless --keras is given (then it is translated, verified: "
+                      "tfaccel.keras.bridge). See docs/keras3.md.", module_name=MODEL)
     flags.DEFINE_string("model_fn", None, "package.module:function(input_shape, num_classes) "
-                        "returning a functional or Sequential tf_keras model; overrides --model. "
+                        "returning a functional or Sequential model (tf_keras or Keras 3); "
+                        "overrides --model. "
                         "The module must be importable: put its folder on PYTHONPATH (the "
                         "current folder is not searched).",
                         module_name=MODEL)

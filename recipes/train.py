@@ -59,7 +59,7 @@ def main(argv):
     parallel_flags.check_parallel_flags()  # --parallel: the default strategy, its limits
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
-    from tfaccel.keras import keras
+    from tfaccel.keras import flavour_of, keras
     from tfaccel.performance import accumulate, diagnose, plan, precision, trials
     from tfaccel.train import resume, training
 
@@ -68,6 +68,8 @@ def main(argv):
     precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
     jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
     accumulate.check_accumulation_steps(FLAGS.grad_accum_steps)
+    if FLAGS.keras == "keras3":
+        common.check_keras3_flags()  # before a multi-worker strategy waits for its peers
     # Devices first (allocator, CPU split, GPU memory: fixed once TensorFlow initializes them).
     strategy = common.strategy_from_flags()
     keras.utils.set_random_seed(FLAGS.seed)
@@ -102,6 +104,9 @@ def main(argv):
     with strategy.scope():
         model = common.load_model(splits.info)
         model = precision.apply_precision(model, policy)  # float32 outputs, loaded models too
+    flavour = flavour_of(model)  # tf_keras or keras3: --keras, or a model file's own Keras
+    if flavour == "keras3":
+        common.check_keras3_flags()
     model = parallel_flags.staged_model(model)  # --parallel: stages on devices (else model)
     search = None
     if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
@@ -129,9 +134,11 @@ def main(argv):
 
     # --- Model and data.
     data_epoch = resume.EpochCounter()  # epoch k's shuffle is the same after a resume
-    inputs = common.input_from_flags(splits, strategy, epoch=data_epoch.epoch)
+    fit_batch = common.fit_batch_size(model, FLAGS.batch_size, FLAGS.grad_accum_steps)
+    inputs = common.input_from_flags(splits, strategy, fit_batch, epoch=data_epoch.epoch)
     train_ds, val_ds, test_ds = inputs.train, inputs.validation, inputs.test
-    schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
+    updates_per_epoch = inputs.steps_per_epoch * fit_batch // FLAGS.batch_size  # Keras 3: fewer
+    schedule = common.lr_schedule(learning_rate, max(1, updates_per_epoch))
     choice = None
     if "auto" in (precision_name, jit_compile):  # short timed trials on this model and data
         with strategy.scope():
@@ -184,10 +191,11 @@ def main(argv):
         diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
     # NaN stop, backup/resume (and checkpoints/ at each backup; kept after fit until
     # metrics.json is written), logging: the list bench_overhead.py times against a bare fit.
-    fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch)
+    fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
+                                         flavour=flavour, batch_size=fit_batch)
     throughput, backup = fit_callbacks.throughput, fit_callbacks.backup
     start = time.perf_counter()
-    history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs,
+    history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, shuffle=False,
                         callbacks=fit_callbacks.callbacks, verbose=2)
     train_seconds = time.perf_counter() - start
 
@@ -223,6 +231,7 @@ def main(argv):
         "learning_rate": learning_rate,
         "resumed_at_epoch": backup[-1].resumed_at[0] if backup[-1].resumed_at else None,
         "parallel": FLAGS.parallel,
+        "keras": flavour,
         "stages": model.plan.to_json() if FLAGS.parallel != "none" else None,
     }
     summaries.write_scalars(os.path.join(logdir, "test"),

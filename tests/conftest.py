@@ -44,6 +44,31 @@ tf.config.set_logical_device_configuration(
     _cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(NUM_CPU_DEVICES)])
 
 
+FLAVOURS = ("tf_keras", "keras3")
+"""The Kerases tests of shared behaviour run on (`flavour` fixture, or parametrize over it)."""
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request):
+    """'tf_keras' then 'keras3': a test taking it runs on models of both Kerases."""
+    return request.param
+
+
+def keras_of_flavour(flavour):
+    """The Keras package of `flavour` (tf_keras, or Keras 3 imported now)."""
+    from tfaccel.keras import keras_for
+
+    return keras_for(flavour)
+
+
+def digits_arrays(split):
+    """(images, labels) NumPy arrays of a `tfaccel.data` split (e.g. the bundled digits')."""
+    import numpy as np
+
+    x, y = zip(*split.as_numpy_iterator())
+    return np.stack(x), np.asarray(y)
+
+
 def mirrored_strategy():
     """MirroredStrategy over the logical CPU devices, as tfaccel builds it.
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import mirrored_strategy, run_recipe
+from conftest import FLAVOURS, keras_of_flavour, mirrored_strategy, run_recipe
 
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
@@ -17,7 +17,7 @@ def _data(n=64, seed=0):
     return rng.normal(size=(n, 8, 8, 1)).astype("float32"), rng.integers(0, 10, n)
 
 
-def _model():
+def _model(keras=keras):
     inputs = keras.Input((8, 8, 1))
     x = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
     x = keras.layers.Flatten()(x)
@@ -26,11 +26,12 @@ def _model():
     return keras.Model(inputs, keras.layers.Activation("softmax", dtype="float32")(x))
 
 
-def _train(strategy, policy, accum_steps, x, y):
+def _train(strategy, policy, accum_steps, x, y, flavour="tf_keras"):
     """Two SGD steps (batch 32) with a schedule that changes after the first step."""
+    keras = keras_of_flavour(flavour)
     with precision.precision_scope(policy), strategy.scope():
         keras.utils.set_random_seed(1)
-        model = _model()
+        model = _model(keras)
         initial = [w.copy() for w in model.get_weights()]
         schedule = keras.optimizers.schedules.PiecewiseConstantDecay([1], [0.5, 0.25])
         optimizer = precision.wrap_optimizer(keras.optimizers.SGD(schedule), policy)
@@ -45,20 +46,26 @@ STRATEGIES = {"default": lambda: tf.distribute.get_strategy(),
               "mirrored": mirrored_strategy}
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("strategy_name,policy", [
     ("default", "float32"),
     ("default", "mixed_float16"),
     pytest.param("mirrored", "float32", marks=pytest.mark.slow),
     pytest.param("mirrored", "mixed_float16", marks=pytest.mark.slow),
 ])
-def test_micro_batches_give_the_big_batch_update(strategy_name, policy):
-    _check_equivalence(strategy_name, policy)
+def test_micro_batches_give_the_big_batch_update(strategy_name, policy, flavour):
+    _check_equivalence(strategy_name, policy, flavour)
 
 
-def _check_equivalence(strategy_name, policy):
+def _loss_scale(optimizer):
+    scale = getattr(optimizer, "loss_scale", None)  # tf_keras; Keras 3: dynamic_scale
+    return float(np.asarray(scale if scale is not None else optimizer.dynamic_scale.numpy()))
+
+
+def _check_equivalence(strategy_name, policy, flavour="tf_keras"):
     x, y = _data()
-    reference, initial, ref_loss = _train(tf.distribute.get_strategy(), policy, 1, x, y)
-    model, initial_acc, loss = _train(STRATEGIES[strategy_name](), policy, STEPS, x, y)
+    reference, initial, ref_loss = _train(tf.distribute.get_strategy(), policy, 1, x, y, flavour)
+    model, initial_acc, loss = _train(STRATEGIES[strategy_name](), policy, STEPS, x, y, flavour)
     # Same start, and two real optimizer steps (the schedule counted steps, not micro-batches).
     assert all(np.array_equal(a, b) for a, b in zip(initial, initial_acc))
     assert int(model.optimizer.iterations.numpy()) == 2
@@ -74,8 +81,8 @@ def _check_equivalence(strategy_name, policy):
         # float16 rounds each micro-batch's activations differently; a wrong loss
         # scale or a missing unscale would be off by orders of magnitude.
         assert worst < 0.02 * scale, (worst, scale)
-        assert float(model.optimizer.loss_scale) == 2.0 ** 15
-        assert float(reference.optimizer.loss_scale) == 2.0 ** 15
+        assert _loss_scale(model.optimizer) == 2.0 ** 15
+        assert _loss_scale(reference.optimizer) == 2.0 ** 15
         assert loss == pytest.approx(ref_loss, rel=2e-2)
 
 
@@ -114,3 +121,27 @@ def test_recipe_rejects_zero_steps(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("error: grad_accum_steps=0 must be")
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_keras3_optimizer_accumulation_gives_the_same_update_as_micro_batches():
+    # Keras 3's own gradient_accumulation_steps (one replica): 4 fit steps of 8 are one update,
+    # the same as tfaccel's 4 micro-batches of a batch of 32.
+    from tfaccel.train import training
+
+    x, y = _data()
+    model, initial, _ = _train(tf.distribute.get_strategy(), "float32", STEPS, x, y, "keras3")
+    keras3 = keras_of_flavour("keras3")
+    keras3.utils.set_random_seed(1)
+    native = _model(keras3)
+    assert all(np.array_equal(a, b) for a, b in zip(initial, native.get_weights()))
+    # A tf_keras schedule, counted in updates (Keras 3 alone would count batches).
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([1], [0.5, 0.25])
+    training.compile_classifier(native, training.make_optimizer(
+        "sgd", schedule, flavour="keras3", accumulation_steps=STEPS))
+    native.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH // STEPS), epochs=1,
+               verbose=0)
+    assert int(native.optimizer.iterations.numpy()) == 2  # updates, not fit steps
+    for a, b in zip(native.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="Keras 3's optimizer argument"):
+        training.make_optimizer("sgd", 0.1, accumulation_steps=4)  # tf_keras: not this way

@@ -9,6 +9,8 @@ import sys
 import keras as keras3
 import numpy as np
 import pytest
+import user_models_keras3
+from conftest import digits_arrays
 
 import tfaccel
 from tfaccel import errors
@@ -20,31 +22,15 @@ L3 = keras3.layers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def digits_arrays(split):
-    x, y = zip(*split.as_numpy_iterator())
-    return np.stack(x), np.asarray(y)
-
-
 @pytest.fixture(scope="module")
 def digits():
     splits = tfaccel.load_dataset("digits")
     return splits, digits_arrays(splits.train), digits_arrays(splits.test)
 
 
-def residual_cnn(name="residual_k3"):
-    """The issue's model: Conv2D, BatchNorm, DepthwiseConv2D, a residual Add, pooling, Dropout
-    and Dense, in Keras 3 (functional), for 8x8x1 digits."""
-    inputs = keras3.Input((8, 8, 1), name="image")
-    # momentum 0.9: the moving statistics settle within the few hundred steps digits takes
-    x = L3.ReLU(name="relu_0")(L3.BatchNormalization(momentum=0.9, name="bn_0")(
-        L3.Conv2D(16, 3, padding="same", name="conv_0")(inputs)))
-    y = L3.ReLU(name="relu_1")(L3.BatchNormalization(momentum=0.9, name="bn_1")(
-        L3.DepthwiseConv2D(3, padding="same", name="depthwise")(x)))
-    x = L3.MaxPooling2D(name="pool")(L3.Add(name="residual")([x, y]))
-    x = L3.Conv2D(32, 3, padding="same", activation="relu", name="conv_1")(x)
-    x = L3.Dropout(0.2, name="dropout")(L3.Flatten(name="flatten")(x))
-    x = L3.Dense(64, activation="relu", name="dense")(x)
-    return keras3.Model(inputs, L3.Dense(10, activation="softmax", name="head")(x), name=name)
+def residual_cnn():
+    """The issue's model (tests/user_models_keras3.py) for 8x8x1 digits."""
+    return user_models_keras3.residual_cnn((8, 8, 1), 10)
 
 
 def with_batchnorm_statistics(model, seed=0):

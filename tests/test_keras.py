@@ -68,11 +68,15 @@ def test_ensure_tf_keras_names_the_bridge_for_a_model():
         ensure_tf_keras(_keras3_model())
 
 
-def test_helpers_reject_keras3_models():
-    with pytest.raises(tfaccel.WrongKerasError):
-        tfaccel.compile_classifier(_keras3_model(), tfaccel.make_optimizer("sgd", 0.1))
-    with pytest.raises(tfaccel.WrongKerasError):
-        tfaccel.train.models.check_model_fits(_keras3_model(), (4,), 2)
+def test_helpers_serve_keras3_models_and_name_a_mixed_up_optimizer():
+    model = _keras3_model()
+    with pytest.raises(tfaccel.ConfigError, match="optimizer is a tf_keras one"):
+        tfaccel.compile_classifier(model, tfaccel.make_optimizer("sgd", 0.1))
+    tfaccel.compile_classifier(model, tfaccel.make_optimizer("sgd", 0.1, flavour="keras3"))
+    assert model.optimizer.__class__.__module__.startswith("keras.")
+    assert tfaccel.train.models.check_model_fits(model, (4,), 2) is model
+    with pytest.raises(tfaccel.ModelError, match="takes inputs of shape"):
+        tfaccel.train.models.check_model_fits(model, (5,), 2)
 
 
 def test_no_module_imports_keras_directly():

@@ -149,3 +149,17 @@ def test_choices_have_one_home_without_tensorflow():
                            "print(sorted(m for m in ('tensorflow', 'tf_keras', 'numpy') "
                            "if m in sys.modules))"], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", models.MODELS)
+def test_zoo_models_build_in_keras3_with_the_same_outputs(name):
+    # A zoo model for --keras=keras3: built once, translated (verified inside), float32.
+    from tfaccel.keras import flavour_of, keras3
+
+    keras.utils.set_random_seed(0)
+    model3 = models.resolve_model(name, (8, 8, 1), 10, keras="keras3")
+    assert flavour_of(model3) == "keras3" and isinstance(model3, keras3().Model)
+    keras.utils.set_random_seed(0)
+    model2 = models.build_model(name, (8, 8, 1), 10)
+    assert model3.count_params() == model2.count_params()
+    assert {w.dtype for w in model3.get_weights()} == {np.dtype("float32")}

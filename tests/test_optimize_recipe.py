@@ -193,3 +193,49 @@ def test_two_workers_read_the_pipeline_and_only_the_chief_writes(tmp_path):
     assert rows["int8"]["accuracy"] == pytest.approx(rows["float"]["accuracy"], abs=0.03)
     flagfile = (model_dir / "flags.cfg").read_text().splitlines()
     assert "--standardize" in flagfile and "--deterministic" in flagfile  # optimize's default
+
+
+def test_keras3_variants_of_a_tf_keras_model_fail_before_writing(tmp_path):
+    out = tmp_path / "run"
+    result = run_recipe("optimize", f"--model_dir={out}", "--variants=float,keras3_int8")
+    line = _one_error_line(result)
+    assert "--variants=keras3_int8 needs a Keras 3 model" in line
+    assert "--keras=keras3 or a Keras 3 .keras file" in line
+    assert "--- float" not in result.stdout
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_report_on_a_keras3_model_has_the_keras3_int8_and_int4_rows(tmp_path):
+    # Issue 17's must-show: its Keras 3 model (Conv2D, BatchNorm, DepthwiseConv2D, residual
+    # Add, pooling, Dropout, Dense) gets Keras 3's own int8/int4 rows beside TF-MOT's QAT.
+    from tfaccel.train.models import load_model_file
+
+    out = tmp_path / "run"
+    result = run_recipe("optimize", f"--model_dir={out}", "--model_fn=user_models_keras3:"
+                        "residual_cnn", "--epochs=8", "--qat_epochs=1", "--latency_runs=60",
+                        "--variants=float,int8,qat_int8,keras3_int8,keras3_int4",
+                        env={"PYTHONPATH": TESTS_DIR})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    rows = {row["variant"]: row for row in report["variants"]}
+    assert list(rows) == ["float", "int8", "qat_int8", "keras3_int8", "keras3_int4"]
+    assert report["float_keras_accuracy"] > 0.9
+    for name in ("keras3_int8", "keras3_int4"):
+        assert report[f"{name}_quantized_layers"] == ["dense", "head"]  # convolutions stay float
+        assert abs(rows[name]["accuracy_change_points"]) <= 3.0
+        assert rows[name]["latency_p50_us"] > 0 and rows[name]["agreement_with_float"] >= 0.95
+    int4, int8 = rows["keras3_int4"], rows["keras3_int8"]
+    assert int4["runtime"] == "tflite" and os.path.getsize(int4["path"]) == int4["bytes"]
+    assert int4["agreement_with_source"] == 1.0  # the file predicts what the Keras copy does
+    assert int4["gzip_ratio"] > 2
+    # int8 has no TFLite form: measured in Keras, labelled so, its quantized model kept.
+    assert int8["runtime"] == "keras" and "runs in Keras" in int8["description"]
+    assert int8["bytes"] < rows["float"]["bytes"] / 2
+    assert report["float_keras_latency_p50_us"] > 0
+    assert int8["speedup_vs_float_keras"] == pytest.approx(
+        report["float_keras_latency_p50_us"] / int8["latency_p50_us"])
+    saved = load_model_file(int8["path"])  # compiled with the recipe's tfaccel schedule
+    assert saved.get_layer("dense").quantization_mode == "int8"
+    markdown = (out / "report.md").read_text()
+    assert "| keras3_int8 | keras |" in markdown and "| keras3_int4 | tflite |" in markdown

@@ -89,13 +89,17 @@ def assert_same_training(results, rtol=1e-5, atol=1e-6, trained=True):
     for name in sorted(MODELS) for m in (1, 2, 4) for rec in (False, True)])
 def test_split_training_equals_the_unsplit_model(name, micro_batches, recompute):
     results, staged = train_both(MODELS[name], NUM_CPU_DEVICES, micro_batches, recompute)
-    assert_same_training(results)
+    # Micro-batches change the kernels' summation order: on an AVX2-only CPU (no AVX512) the
+    # residual model's weights drift up to 3.5e-5 apart in 6 steps at lr 0.1 (1e-6 with AVX512);
+    # a micro-batch's gradient missed or counted twice moves them by 1e-2.
+    assert_same_training(results, atol=1e-6 if micro_batches == 1 else 1e-4)
     assert len(staged.plan.stages) == NUM_CPU_DEVICES
 
 
 def test_each_stage_keeps_its_variables_and_optimizer_slots_on_its_device():
     results, staged = train_both(residual_model, 2, 2, optimizer=lambda: keras.optimizers.Adam())
-    assert_same_training(results, rtol=1e-4, atol=1e-5)
+    # Adam moves each weight by up to 6e-3 in these 6 steps; the AVX2-only drift is 2.9e-5.
+    assert_same_training(results, rtol=1e-4, atol=1e-4)
     for stage in staged.plan.stages:
         for name in stage.layers:
             for v in staged.placed.get_layer(name).variables:

@@ -136,3 +136,23 @@ def test_two_workers_read_the_pipeline_and_only_the_chief_writes(tmp_path):
     assert abs(report["sparsity"]["pruned"]["sparsity"] - 0.8) <= 0.01
     flagfile = (model_dir / "flags.cfg").read_text().splitlines()
     assert "--standardize" in flagfile and "--deterministic" in flagfile  # prune's default
+
+
+@pytest.mark.slow
+def test_a_keras3_model_is_pruned_and_comes_back_in_keras3(tmp_path):
+    # Issue 17's model, in Keras 3, through the recipe: trained in Keras 3, pruned by TF-MOT on
+    # its verified tf_keras translation, and saved back as a Keras 3 model with the zeros.
+    from tfaccel.keras import flavour_of
+    from tfaccel.train.models import load_model_file
+
+    model_dir = tmp_path / "run"
+    result = run_recipe("prune", "--model_fn=user_models_keras3:residual_cnn", "--epochs=8",
+                        "--prune_epochs=4", "--learning_rate=3e-3", f"--model_dir={model_dir}",
+                        env={"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((model_dir / "report.json").read_text())
+    pruned = load_model_file(str(model_dir / "pruned" / "model.keras"))
+    assert flavour_of(pruned) == "keras3"
+    assert abs(sparsity.sparsity_report(pruned)["pruned"]["sparsity"] - 0.8) <= 0.01
+    assert report["baseline_test_accuracy"] > 0.9
+    assert report["accuracy_change_points"] >= -2.0

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import RECIPES, ROOT
+from conftest import FLAVOURS, RECIPES, ROOT, keras_of_flavour
 
 from tfaccel import data, distribute
 from tfaccel.errors import ConfigError, TrainingError
@@ -55,7 +55,8 @@ class _Record(keras.callbacks.Callback):
         self.epochs.append(epoch)
 
 
-def _model(strategy):
+def _model(strategy, flavour="tf_keras"):
+    keras = keras_of_flavour(flavour)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
@@ -300,15 +301,24 @@ def _expected_start(model_dir, epochs):
     return rf"^resume: continuing from backup \S+ at epoch {backup.epoch + 1}/{epochs}, step 0$"
 
 
+# Issue 17's Keras 3 run: mirrored on 2 logical CPUs, bfloat16, accumulation, a schedule.
+KERAS3_COMBINED = ("--keras=keras3", "--strategy=mirrored", "--cpu_devices=2",
+                   "--precision=mixed_bfloat16", "--grad_accum_steps=2", "--batch_size=64",
+                   "--lr_schedule=cosine", "--warmup_epochs=1")
+BACKUP_WRITTEN = {"tf_keras": os.path.join("backup", "chief", "checkpoint"),
+                  "keras3": os.path.join("backup", "training_metadata.json")}
+
+
 @pytest.mark.slow
-def test_recipe_resumes_after_kill_9(tmp_path):
+@pytest.mark.parametrize("flavour, flags", [("tf_keras", ()), ("keras3", KERAS3_COMBINED)])
+def test_recipe_resumes_after_kill_9(tmp_path, flavour, flags):
     epochs, model_dir = 6, tmp_path / "run"
-    command = _train_command(model_dir, epochs)
+    command = _train_command(model_dir, epochs, *flags)
     first = _Run(command)
     try:
         # Killed as soon as the first backup is written (not after a delay, which a fast CPU can
         # outrun to the end of training).
-        assert first.wait_for(lambda: os.path.exists(model_dir / "backup" / "chief" / "checkpoint"))
+        assert first.wait_for(lambda: os.path.exists(model_dir / BACKUP_WRITTEN[flavour]))
     finally:
         assert first.kill() == -signal.SIGKILL, first.output[-3000:]
     backup = resume.read_backup(model_dir / "backup")
@@ -327,7 +337,7 @@ def test_recipe_resumes_after_kill_9(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     print(f"killed after the backup of epoch {backup.epoch}, resumed at epoch {resumed}, "
           f"test accuracy {metrics['test_accuracy']:.4f}")
-    assert metrics["resumed_at_epoch"] == resumed
+    assert metrics["resumed_at_epoch"] == resumed and metrics["keras"] == flavour
     assert metrics["test_accuracy"] >= 0.95
     assert not (model_dir / "backup").exists()
 
@@ -476,25 +486,47 @@ def test_epoch_k_is_shuffled_alike_in_a_fresh_pipeline():
     assert continuous.cardinality() == 8  # Keras still knows the steps per epoch
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("strategy_name", ["default", "mirrored"])
-def test_resumed_fit_ends_with_the_uninterrupted_weights(tmp_path, strategy_name):
+def test_resumed_fit_ends_with_the_uninterrupted_weights(tmp_path, strategy_name, flavour):
     strategy = distribute.make_strategy(strategy_name)
+    messages = []
 
     def train(backup_dir, crash_step=None):
-        model, counter = _model(strategy), resume.EpochCounter()
-        callbacks = [*resume.backup_callbacks(backup_dir, epochs=4, printer=lambda _: None),
-                     counter]
+        model, counter = _model(strategy, flavour), resume.EpochCounter()
+        callbacks = [*resume.backup_callbacks(backup_dir, epochs=4, printer=messages.append,
+                                              flavour=flavour), counter]
         if crash_step:
             callbacks.append(_CrashAt(crash_step))
         model.fit(_pipeline(counter), epochs=4, verbose=0, callbacks=callbacks)
-        return model.get_weights()
+        return model.get_weights(), callbacks[1].resumed_at
 
-    uninterrupted = train(tmp_path / "a")
+    uninterrupted, _ = train(tmp_path / "a")
     with pytest.raises(_Crash):
         train(tmp_path / "b", crash_step=20)  # in epoch 3: epochs 1-2 backed up
-    resumed = train(tmp_path / "b")
+    backup = resume.read_backup(tmp_path / "b")
+    assert backup.epoch == 2 and os.path.exists(backup.path + (".index" if flavour == "tf_keras"
+                                                               else ""))
+    resumed, resumed_at = train(tmp_path / "b")
+    assert resumed_at == (3, 0)
+    assert re.fullmatch(r"resume: continuing from backup \S+ at epoch 3/4, step 0", messages[-1])
     for a, b in zip(uninterrupted, resumed):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not (tmp_path / "b").exists()  # a finished fit deletes its backups and their folder
+
+
+def test_keras3_backups_are_taken_at_epoch_ends_only(tmp_path):
+    with pytest.raises(ConfigError, match="resumes at epoch starts only"):
+        resume.backup_callbacks(tmp_path, 50, flavour="keras3")
+    # Seconds between backups: the short epochs back up only after the last one.
+    model = _model(distribute.make_strategy("default"), "keras3")
+    callbacks = resume.backup_callbacks(tmp_path, "60s", epochs=3, delete_after_fit=False,
+                                        flavour="keras3",
+                                        weights_path=str(tmp_path / "ckpt-{epoch}.weights.h5"))
+    model.fit(_data(), epochs=3, verbose=0, callbacks=callbacks)
+    assert callbacks[0].backed_up_epochs == [2]
+    assert resume.read_backup(tmp_path).epoch == 3
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-3.weights.h5"]
 
 
 @pytest.mark.slow

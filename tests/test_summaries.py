@@ -4,9 +4,9 @@ import pathlib
 
 import numpy as np
 import pytest
+from conftest import keras_of_flavour
 
 from tfaccel import plots, summaries
-from tfaccel.keras import keras
 
 
 def test_text_scalars_and_png_round_trip(tmp_path):
@@ -54,7 +54,8 @@ def test_every_scalar_callback_is_a_scalar_logger():
         assert issubclass(callback, summaries.ScalarLogger), callback
 
 
-def test_callbacks_log_throughput_and_learning_rate(tmp_path):
+def test_callbacks_log_throughput_and_learning_rate(tmp_path, flavour):
+    keras = keras_of_flavour(flavour)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
     model.compile(keras.optimizers.SGD(schedule), "sparse_categorical_crossentropy")

@@ -10,24 +10,28 @@ import time
 import urllib.request
 
 import pytest
-from conftest import RECIPES, ROOT, run_recipe
+from conftest import FLAVOURS, RECIPES, ROOT, run_recipe
 
 from tfaccel import summaries
+from tfaccel.keras import flavour_of
 from tfaccel.train.models import load_model_file
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=FLAVOURS)
+def short_run(tmp_path_factory, request):
+    """The default job for 3 epochs, with --keras=tf_keras and with --keras=keras3."""
     model_dir = tmp_path_factory.mktemp("train") / "run"
-    proc = run_recipe("train", "--epochs=3", f"--model_dir={model_dir}")
+    proc = run_recipe("train", "--epochs=3", f"--model_dir={model_dir}",
+                      f"--keras={request.param}")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return model_dir, proc
+    return model_dir, proc, request.param
 
 
 def test_writes_model_checkpoints_and_metrics(short_run):
-    model_dir, proc = short_run
+    model_dir, proc, flavour = short_run
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["epochs"] == 3 and metrics["dataset"] == "digits"
+    assert metrics["keras"] == flavour
     assert 0.5 < metrics["test_accuracy"] <= 1.0
     assert metrics["examples_per_sec"] > 0
     assert (model_dir / "saved_model" / "saved_model.pb").exists()
@@ -42,13 +46,14 @@ def test_writes_model_checkpoints_and_metrics(short_run):
     from tfaccel.data import load_digits
     test = load_digits().test.batch(512)
     model = load_model_file(str(model_dir / "model.keras"), compile=True)
+    assert flavour_of(model) == flavour  # saved by, and loaded back in, the Keras it trained in
     _, acc = model.evaluate(test, verbose=0)
     assert acc == pytest.approx(metrics["test_accuracy"], abs=1e-6)
     assert not [f for f in os.listdir(model_dir) if ".tmp-" in f]
 
 
 def test_tensorboard_event_files_hold_scalars_and_flags(short_run):
-    model_dir, _ = short_run
+    model_dir, _, _ = short_run
     train = summaries.read_scalars(model_dir / "logs" / "train")
     for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "epoch_examples_per_sec"):
         assert tag in train, sorted(train)
@@ -72,7 +77,9 @@ def _free_port():
 
 @pytest.mark.slow
 def test_real_tensorboard_server_serves_the_run(short_run):
-    model_dir, _ = short_run
+    model_dir, _, flavour = short_run
+    if flavour != "tf_keras":  # both runs' event files are read back above; one server suffices
+        pytest.skip("the real server is checked on the tf_keras run")
     port = _free_port()
     exe = os.path.join(os.path.dirname(sys.executable), "tensorboard")
     server = subprocess.Popen([exe, "--logdir", str(model_dir / "logs"), "--host", "127.0.0.1",
@@ -148,6 +155,11 @@ slow = pytest.mark.slow
                  "stages=12 is more than the model's 9 layers", marks=slow),
     pytest.param(["--parallel=pipeline", "--stage_boundaries=dense,nope", "--cpu_devices=2"],
                  "stage boundary 'nope' is not a layer of the model", marks=slow),
+    (["--keras=keras4"], "--keras"),
+    (["--keras=keras3", "--strategy=multi_worker"],
+     "--strategy=multi_worker needs a tf_keras model"),
+    pytest.param(["--keras=keras3", "--parallel=pipeline", "--cpu_devices=2"],
+                 "--parallel=pipeline needs a tf_keras model", marks=slow),
 ])
 def test_bad_input_one_line_no_traceback_no_files(tmp_path, args, expected):
     model_dir = tmp_path / "run"
@@ -180,17 +192,34 @@ def test_plan_is_printed_logged_and_bounds_the_batch_size_search(tmp_path):
 
 
 @pytest.mark.slow
-def test_keras3_model_file_gets_the_keras_error(tmp_path):
-    import keras as keras3  # the wrong Keras, on purpose
+def test_a_keras3_model_file_trains_in_keras3(tmp_path):
+    import keras as keras3
 
     path = tmp_path / "k3.keras"
     inputs = keras3.Input((8, 8, 1))
-    keras3.Model(inputs, keras3.layers.Dense(10)(keras3.layers.Flatten()(inputs))).save(path)
-    proc = run_recipe("train", f"--model={path}", f"--model_dir={tmp_path / 'run'}", timeout=180)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    keras3.Model(inputs, keras3.layers.Dense(10, activation="softmax")(
+        keras3.layers.Flatten()(inputs))).save(path)
+    proc = run_recipe("train", f"--model={path}", f"--model_dir={tmp_path / 'run'}",
+                      "--epochs=2", "--learning_rate=0.01", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["keras"] == "keras3" and metrics["test_accuracy"] > 0.8
+    assert flavour_of(load_model_file(str(tmp_path / "run" / "model.keras"))) == "keras3"
+
+
+USER_MODELS = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+
+
+@pytest.mark.parametrize("model_fn, expected", [
+    ("with_custom_layer", "my_doubler (Doubler: a custom layer class)"),
+    ("subclassed", "subclassed Classifier"),
+])
+def test_a_keras3_model_that_cannot_become_tf_keras_gets_one_line(tmp_path, model_fn, expected):
+    proc = run_recipe("train", f"--model_fn=user_models_keras3:{model_fn}", "--keras=tf_keras",
+                      f"--model_dir={tmp_path / 'run'}", env=USER_MODELS, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(ours) == 1 and "saved by Keras 3." in ours[0] and "tf_keras" in ours[0], proc.stderr
-    assert "TF_USE_LEGACY_KERAS=1" in ours[0]
+    assert len(ours) == 1 and expected in ours[0] and "cannot become a tf_keras" in ours[0], ours
     assert not (tmp_path / "run").exists()
 
 
@@ -275,17 +304,20 @@ def _reads(tree):
 
 def _flags_acted_on(name):
     """Flags read by recipes/<name>.py and by the recipes/common.py (and lm_common.py,
-    parallel_flags.py) functions it reaches.
+    parallel_flags.py, fit_setup.py) functions it reaches.
 
     Reads inside check_* functions do not count: checking a flag is not acting on it (a
     --backup_dir only checked writable would still be ignored).
     """
     recipe = ast.parse(open(os.path.join(RECIPES, f"{name}.py")).read())
     functions = {}
-    for module in ("common", "lm_common", "shared_flags", "parallel_flags"):
+    for module in ("common", "lm_common", "shared_flags", "parallel_flags", "fit_setup"):
         tree = ast.parse(open(os.path.join(RECIPES, f"{module}.py")).read())
         functions.update({(module, f.name): f for f in tree.body
                           if isinstance(f, ast.FunctionDef)})
+        if module == "fit_setup":  # re-exported by common: recipes call common.<name>
+            functions.update({("common", f.name): f for f in tree.body
+                              if isinstance(f, ast.FunctionDef)})
 
     def called(tree, module=None):
         calls = [(n.value.id, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)

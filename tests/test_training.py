@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import RECIPES, ROOT
+from conftest import RECIPES, ROOT, keras_of_flavour
 
 from tfaccel.errors import ConfigError, TfaccelError, TrainingError
 from tfaccel.keras import keras
@@ -24,7 +24,8 @@ class _Epochs(keras.callbacks.Callback):
         self.steps += 1
 
 
-def _fit(x, learning_rate=0.1, dtype=None, epochs=3, activation="tanh"):
+def _fit(x, learning_rate=0.1, dtype=None, epochs=3, activation="tanh", flavour="tf_keras"):
+    keras = keras_of_flavour(flavour)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)),
                               keras.layers.Dense(8, activation=activation, dtype=dtype),
@@ -52,11 +53,11 @@ def test_a_finite_loss_trains_every_step():
     (0, ("the training loss was nan at the first step (epoch 1, step 1), before any update: "
          "check the data")),
 ])
-def test_nan_in_the_data_stops_fit_at_that_step(where, expected):
+def test_nan_in_the_data_stops_fit_at_that_step(where, expected, flavour):
     x = _data()
     x[where, 0] = np.nan
     with pytest.raises(TrainingError) as error:
-        _fit(x, epochs=3)
+        _fit(x, epochs=3, flavour=flavour)
     assert str(error.value).startswith(expected)
     assert isinstance(error.value, TfaccelError)  # recipes turn it into one line and exit 2
 

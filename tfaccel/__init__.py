@@ -32,7 +32,8 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it.
 _EXPORTS = {
-    "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object", "flavour_of", "keras3"],
+    "tfaccel.keras": ["keras", "ensure_tf_keras", "is_keras3_object", "flavour_of", "keras3",
+                      "keras_of"],
     "tfaccel.keras.bridge": ["to_tf_keras", "to_keras3", "untranslatable_layers", "max_difference"],
     "tfaccel.data": [
         "DATASETS", "DatasetInfo", "Splits", "PipelineConfig", "load_dataset",
@@ -69,8 +70,9 @@ _EXPORTS = {
     ],
     "tfaccel.summaries": [
         "read_scalars", "read_text", "read_image_tags", "ScalarLogger", "ThroughputLogger",
-        "LearningRateLogger", "TensorBoard", "tensorboard_command",
+        "LearningRateLogger", "tensorboard_command",
     ],
+    "tfaccel.keras_tensorboard": ["TensorBoard"],
     "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
     "tfaccel.distribute.stages": ["plan_stages", "StagePlan", "Stage"],
     "tfaccel.distribute.pipeline": [
@@ -107,6 +109,10 @@ _EXPORTS = {
         "unsupported_layers",
     ],
     "tfaccel.compress.tflite": ["convert_to_tflite"],
+    "tfaccel.compress.keras3_quantize": [
+        "KERAS3_MODES", "Keras3Variant", "keras3_quantized", "keras3_variant", "keras3_to_tflite",
+        "quantized_weights", "keras_weight_sizes", "compare_keras_latency", "gptq_calibrates",
+    ],
     "tfaccel.compress.tflite_eval": [
         "evaluate_tflite", "measure_latency", "compare_latency", "tflite_sizes",
         "prediction_agreement", "weight_sparsity",

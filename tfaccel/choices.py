@@ -37,4 +37,5 @@ PRUNING_POLICIES = ("xnnpack",)
 BLOCK_POOLINGS = ("AVG", "MAX")
 # tfaccel.distribute.pipeline / stages: how a model is split over devices, how stages balance.
 PARALLEL_MODES = ("none", "model", "pipeline")
+KERAS_FLAVOURS = ("tf_keras", "keras3")  # tfaccel.keras.FLAVOURS
 STAGE_BALANCES = ("parameters", "memory")

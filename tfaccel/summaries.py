@@ -14,7 +14,6 @@ Example:
     summaries.read_text("runs/a/logs/train")["config/flags"]
 """
 
-import os
 import shlex
 import time
 
@@ -22,48 +21,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfaccel import _compat
-from tfaccel.keras import keras
+from tfaccel.keras import is_keras3_object, keras
+from tfaccel.keras_tensorboard import TensorBoard as TensorBoard  # re-exported: use it from here
+from tfaccel.scalar_file import ScalarFile as ScalarFile
 
 
 def _writer(logdir):
     """The one way tfaccel opens a TensorFlow event-file writer (text, images, one-off scalars)."""
     return tf.summary.create_file_writer(str(logdir))
-
-
-class ScalarFile:
-    """Scalars from Python through TensorBoard's event-file writer: no TensorFlow op per value.
-
-    (A `tf.summary.scalar` runs several ops, about 1 ms on 2 cores: a tenth of a short epoch
-    for an epoch's dozen scalars.) The file opens at the first `write`.
-    """
-
-    def __init__(self, logdir):
-        self.logdir = str(logdir)
-        self._file = None
-
-    def write(self, values, step, flush=True):
-        """Writes each `{tag: value}` at `step`; flushed (readable now) unless `flush=False`."""
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
-        if not values:
-            return
-        if self._file is None:
-            self._file = EventFileWriter(self.logdir)
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(
-            tag=tag, simple_value=float(value)) for tag, value in values.items()])
-        self._file.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                             summary=summary))
-        if flush:
-            self._file.flush()
-
-    def flush(self):
-        self._file is not None and self._file.flush()
-
-    def close(self):
-        if self._file is not None:
-            self._file, file = None, self._file
-            file.close()
 
 
 def write_text(logdir, tag, markdown, step=0):
@@ -250,6 +215,8 @@ def current_learning_rate(optimizer):
     if inner is not None:
         lr = inner.learning_rate
         optimizer = inner
+    if is_keras3_object(optimizer):
+        return _compat.keras3_last_learning_rate(optimizer)
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         lr = lr(optimizer.iterations)
     return float(keras.backend.get_value(lr))
@@ -294,50 +261,6 @@ class LearningRateLogger(ScalarLogger):
     def on_epoch_end(self, epoch, logs=None):
         self._log(int(self.model.optimizer.iterations.numpy()))
         self.flush()
-
-
-class TensorBoard(_compat.tensorboard_without_learning_rate()):
-    """Keras's TensorBoard callback, its scalars written by `ScalarFile`, without a learning rate.
-
-    The scalars (`epoch_<metric>` in `train/` and `validation/`,
-    `evaluation_<metric>_vs_iterations`) keep Keras's tags and steps. Keras's
-    `epoch_learning_rate` is left out: the rate the *next* update would use,
-    one step off `LearningRateLogger`'s `learning_rate`. Everything else
-    (graphs, histograms, profiles) is Keras's.
-
-    Example: `model.fit(ds, callbacks=[summaries.LearningRateLogger("runs/a/logs/train"),
-    summaries.TensorBoard("runs/a/logs")])`.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._scalars = {name: ScalarFile(os.path.join(self.log_dir, name))
-                         for name in ("train", "validation")}
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        for name, keep in (("train", lambda k: not k.startswith("val_")),
-                           ("validation", lambda k: k.startswith("val_"))):
-            self._scalars[name].write({f"epoch_{k.removeprefix('val_')}": v
-                                       for k, v in logs.items() if keep(k)}, epoch)
-        super().on_epoch_end(epoch, {})  # histograms and embeddings, as Keras writes them
-
-    def on_train_batch_end(self, batch, logs=None):
-        # Keras writes batch_<metric> at each call even for update_freq='epoch' (0.4 ms a value).
-        super().on_train_batch_end(batch, None if self.update_freq == "epoch" else logs)
-
-    def on_test_end(self, logs=None):
-        optimizer = getattr(self.model, "optimizer", None)
-        if logs and optimizer is not None and hasattr(optimizer, "iterations"):
-            self._scalars["validation"].write(
-                {f"evaluation_{k}_vs_iterations": v for k, v in logs.items()},
-                int(optimizer.iterations.numpy()), flush=False)
-        super().on_test_end({})
-
-    def on_train_end(self, logs=None):
-        super().on_train_end(logs)
-        for scalar_file in self._scalars.values():
-            scalar_file.close()
 
 
 def tensorboard_command(logdir):

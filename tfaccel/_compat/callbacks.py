@@ -1,27 +1,28 @@
 """Private touchpoints: summaries and monitor (tf_keras TensorBoard callback)."""
 
-_TENSORBOARD_WITHOUT_LR = []
+_TENSORBOARD_WITHOUT_LR = {}
 
 
-def tensorboard_without_learning_rate():
+def tensorboard_without_learning_rate(flavour="tf_keras"):
     """Keras's TensorBoard callback class, subclassed to log no `epoch_learning_rate` scalar.
 
-    Built once, on first call (so that importing this module loads no Keras).
-    Relies on tf_keras's private hook `TensorBoard._collect_learning_rate(logs)`,
-    which `on_epoch_end` calls to add the schedule's value to the epoch's logs;
-    the override returns `logs` unchanged. If a later tf_keras drops the hook
-    the curve comes back (tests/test_summaries.py checks it is absent).
-    Checked: tf_keras 2.21.
+    Built once per Keras ('tf_keras' or 'keras3'), on first call (so that importing
+    this module loads no Keras). Relies on the private hook
+    `TensorBoard._collect_learning_rate(logs)` (tf_keras and Keras 3 alike), which
+    `on_epoch_end` calls to add the schedule's value to the epoch's logs; the
+    override returns `logs` unchanged. If a later Keras drops the hook the curve
+    comes back (tests/test_summaries.py checks it is absent).
+    Checked: tf_keras 2.21, Keras 3.15.
     """
-    if not _TENSORBOARD_WITHOUT_LR:
-        from tfaccel.keras import keras
+    if flavour not in _TENSORBOARD_WITHOUT_LR:
+        from tfaccel.keras import keras_for
 
-        class TensorBoardWithoutLearningRate(keras.callbacks.TensorBoard):
+        class TensorBoardWithoutLearningRate(keras_for(flavour).callbacks.TensorBoard):
             def _collect_learning_rate(self, logs):
                 return logs
 
-        _TENSORBOARD_WITHOUT_LR.append(TensorBoardWithoutLearningRate)
-    return _TENSORBOARD_WITHOUT_LR[0]
+        _TENSORBOARD_WITHOUT_LR[flavour] = TensorBoardWithoutLearningRate
+    return _TENSORBOARD_WITHOUT_LR[flavour]
 
 
 def takes_logs_as_tensors(callback):

@@ -1,11 +1,18 @@
-"""Private touchpoints: shared (used by several areas)."""
+"""Private touchpoints: model graphs (shared by several areas), in both Kerases."""
+
 
 def is_graph_network(model):
     """True for a Sequential or functional model (a graph of layers), False for a subclassed one.
 
     Relies on tf_keras's private `Functional._is_graph_network` (Sequential is a
-    Functional once built). Checked: tf_keras 2.21.
+    Functional once built) and, for a Keras 3 model, on Keras 3's private
+    `keras.src.models.functional.Functional` (Keras 3 exports no such class).
+    Checked: tf_keras 2.21, Keras 3.15.
     """
-    from tfaccel.keras import keras
+    from tfaccel.keras import is_keras3_object, keras, keras3
 
+    if is_keras3_object(model):
+        from tfaccel._compat.keras3 import is_keras3_functional
+
+        return isinstance(model, keras3().Sequential) or is_keras3_functional(model)
     return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))

@@ -20,3 +20,24 @@ def keras3_operations(model):
     Keras 3's private `Functional._operations`. Checked: Keras 3.15.
     """
     return list(model._operations)
+
+
+def keras3_last_learning_rate(optimizer):
+    """The learning rate a Keras 3 optimizer's last step used (a float).
+
+    Keras 3's `optimizer.learning_rate` is the schedule at the current step, the
+    rate of the *next* step, where tf_keras's holds the rate of the last one;
+    this evaluates the schedule one step back. Relies on the private
+    `BaseOptimizer._learning_rate` (the schedule) and `_iterations` (the steps
+    counted as the schedule counts them, batches under gradient accumulation).
+    Checked: Keras 3.15.
+    """
+    import numpy as np
+
+    from tfaccel.keras import keras3
+
+    schedule = optimizer._learning_rate
+    if not isinstance(schedule, keras3().optimizers.schedules.LearningRateSchedule):
+        return float(np.asarray(optimizer.learning_rate))
+    step = max(int(np.asarray(optimizer._iterations)) - 1, 0)
+    return float(np.asarray(schedule(step)))

@@ -5,12 +5,18 @@ def output_layers(model):
     """The layers whose outputs are `model`'s outputs: the last one of a Sequential.
 
     Relies on tf_keras's private `Functional._output_layers` ([] for a
-    subclassed model). Checked: tf_keras 2.21.
+    subclassed model); for Keras 3 on the private `KerasTensor._keras_history`.
+    Checked: tf_keras 2.21, Keras 3.15.
     """
-    from tfaccel.keras import keras
+    from tfaccel.keras import flavour_of, keras_of
 
-    if isinstance(model, keras.Sequential):
+    if isinstance(model, keras_of(model).Sequential):
         return [model.layers[-1]]
+    if flavour_of(model) == "keras3":  # the operation that made each output
+        from tfaccel._compat.keras3 import is_keras3_functional
+
+        return ([t._keras_history.operation for t in model.outputs]
+                if is_keras3_functional(model) else [])
     return list(getattr(model, "_output_layers", []))
 
 

@@ -21,8 +21,8 @@ from tfaccel import plots, summaries
 from tfaccel.errors import ConfigError
 from tfaccel.io import write_json, write_text
 
-COLUMNS = ("variant", "accuracy", "accuracy_change_points", "bytes", "gzip_bytes",
-           "gzip_ratio", "latency_p50_us", "latency_mean_us", "speedup",
+COLUMNS = ("variant", "runtime", "accuracy", "accuracy_change_points", "bytes", "gzip_bytes",
+           "gzip_ratio", "latency_p50_us", "latency_mean_us", "speedup", "speedup_vs_float_keras",
            "agreement_with_float", "agreement_with_source", "pruned_sparsity")
 """Columns of the comparison table, in order."""
 

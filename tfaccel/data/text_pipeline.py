@@ -56,11 +56,18 @@ def _positive(name, value, example):
 
 
 def _epoch_keys(seed, epoch):
-    """One int64 per iteration, read when the iteration starts: the epoch's number, or
-    without an epoch (or a seed) tf.data's own per-iteration randomness (a new key every
-    iteration, the same sequence of keys in every process for a given seed)."""
-    if epoch is None or seed is None:
-        return tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).take(1)
+    """One int64 per iteration, read when the iteration starts: the epoch's number; without
+    an epoch, the iterations started so far (0, 1, 2, ...: the same keys in every process for
+    a seed, whatever global seed the process set); without a seed, tf.data's randomness.
+
+    (`Dataset.random(seed, rerandomize_each_iteration=True)` is not used with a seed: its keys
+    depend on the process's global seed and, measured in the test suite, repeated a key.)
+    """
+    if seed is None:
+        return tf.data.Dataset.random(rerandomize_each_iteration=True).take(1)
+    if epoch is None:
+        started = tf.Variable(-1, dtype=tf.int64, trainable=False, name="text_passes")
+        return tf.data.Dataset.from_tensors(0).map(lambda _: started.assign_add(1))
     return tf.data.Dataset.from_tensors(0).map(
         lambda _: tf.cast(tf.convert_to_tensor(epoch), tf.int64))
 

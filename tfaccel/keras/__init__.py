@@ -25,10 +25,10 @@ import sys
 
 import tf_keras as keras
 
-from tfaccel import _aliases
+from tfaccel import _aliases, choices
 from tfaccel.errors import ModelError, WrongKerasError
 
-FLAVOURS = ("tf_keras", "keras3")
+FLAVOURS = choices.KERAS_FLAVOURS
 """The Kerases tfaccel knows: tf_keras (Keras 2, what TF-MOT needs) and Keras 3."""
 
 # The top-level package a class comes from -> its flavour.
@@ -86,6 +86,44 @@ def keras3():
     return keras_3
 
 
+def keras3_if_loaded():
+    """Keras 3 if this process has imported it already, else None (and nothing is imported).
+
+    For settings that apply to every Keras in use (the global dtype policy): a program
+    that never imported Keras 3 builds no Keras 3 model.
+    """
+    module = sys.modules.get("keras")
+    version = str(vars(module).get("__version__", "")) if module is not None else ""
+    return module if version.startswith("3.") else None
+
+
+def keras_for(flavour: str):
+    """The Keras package of `flavour` ('tf_keras' or 'keras3'): `tf_keras` or Keras 3.
+
+    Raises:
+      ConfigError: an unknown flavour.
+    """
+    if flavour == "tf_keras":
+        return keras
+    if flavour == "keras3":
+        return keras3()
+    from tfaccel.errors import ConfigError
+
+    raise ConfigError(f"unknown Keras {flavour!r}: use one of {', '.join(FLAVOURS)}")
+
+
+def keras_of(obj):
+    """The Keras package `obj` (a model, layer, optimizer...) belongs to: `tf_keras` or Keras 3.
+
+    How a helper serves both Kerases: it builds what it adds to a model (losses,
+    metrics, optimizers, policies, clones) from the model's own Keras.
+
+    Raises:
+      ModelError: `obj` is an instance of neither Keras.
+    """
+    return keras_for(flavour_of(obj))
+
+
 def ensure_tf_keras(obj, what: str = "model"):
     """Returns `obj` unchanged if it is a tf_keras object, else raises.
 
@@ -138,5 +176,6 @@ def tfmot():
 
 __getattr__ = _aliases.submodule_getattr(__name__)  # tfaccel.keras.bridge, loaded on first use
 
-__all__ = ["keras", "ensure_tf_keras", "is_keras3_object", "flavour_of", "keras3", "FLAVOURS",
+__all__ = ["keras", "keras3_if_loaded", "keras_for", "keras_of", "ensure_tf_keras",
+           "is_keras3_object", "flavour_of", "keras3", "FLAVOURS",
            "tfmot"]

@@ -36,7 +36,7 @@ import types
 import tensorflow as tf
 
 from tfaccel.errors import ConfigError, ModelError
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import keras, keras_of
 from tfaccel.performance.precision import scaled_gradients
 
 
@@ -78,8 +78,11 @@ def accumulating_train_step(model, data, steps):
     Usable as a custom `train_step` body: `enable_gradient_accumulation`
     installs it on a model.
     """
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    keras3 = keras_of(model) is not keras  # Keras 3 tracks the loss in its own metric
+    x, y, sample_weight = keras_of(model).utils.unpack_x_y_sample_weight(data)
     variables = model.trainable_variables
+    loss_metric = next((m for m in model.metrics if m.name == "loss"), None) if keras3 else None
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync  # Keras 3 divides the loss
     n = tf.shape(tf.nest.flatten(x)[0])[0]
     bounds, count = _micro_bounds(n, steps)
 
@@ -95,7 +98,12 @@ def accumulating_train_step(model, data, steps):
             loss = model.compute_loss(xk, yk, y_pred, wk)
             weighted = loss * tf.cast(share, loss.dtype)
         grads = scaled_gradients(tape, weighted, variables, model.optimizer)
-        model.compiled_metrics.update_state(yk, y_pred, wk)
+        if keras3:
+            model.compute_metrics(xk, yk, y_pred, wk)
+            if loss_metric is not None:
+                loss_metric.update_state(loss * replicas, sample_weight=end - start)
+        else:
+            model.compiled_metrics.update_state(yk, y_pred, wk)
         accumulated = [a if g is None else a + tf.cast(tf.convert_to_tensor(g), a.dtype)
                        for a, g in zip(accumulated, grads)]
         return k + 1, accumulated
@@ -115,7 +123,9 @@ def enable_gradient_accumulation(model, steps):
     `steps=1` the model is left unchanged.
 
     Args:
-      model: a built tf_keras model.
+      model: a built model of either Keras (a Keras 3 model may instead take Keras 3's
+        own optimizer argument, `training.make_optimizer(accumulation_steps=N)`, on one
+        replica: under a `tf.distribute` strategy, Keras 3.15's fails).
       steps: micro-batches per optimizer step (>= 1).
 
     Returns:
@@ -126,7 +136,6 @@ def enable_gradient_accumulation(model, steps):
       ModelError: the model is not built (its variables must exist before
         the accumulation loop is traced).
     """
-    ensure_tf_keras(model)
     check_accumulation_steps(steps)
     if not model.built:
         raise ModelError(f"model {model.name!r} is not built: build it (call it on data or give "

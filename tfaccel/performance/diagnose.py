@@ -119,7 +119,8 @@ def measure_step_throughput(model, dataset, *, num_steps=20, warmup=3, repeats=3
     with _restored(model, enabled=restore):
         with strategy.scope():
             iterator = iter(strategy.experimental_distribute_dataset(cached))
-        train_function = model.make_train_function()
+        model.make_train_function()  # Keras 3's returns None: both keep it on the model
+        train_function = model.train_function
         calls = max(1, num_steps // per_call)
         for _ in range(max(1, warmup // per_call)):
             train_function(iterator)

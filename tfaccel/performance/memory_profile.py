@@ -1,12 +1,11 @@
 """What a model needs in memory to train: parameters, and bytes kept per example.
 
 A `MemoryProfile` is the model-dependent half of a memory plan
-(`tfaccel.performance.plan`): how many parameters there are, and which
-activations one training example leaves alive for the backward pass, layer by
-layer. It comes from a built tf_keras model (`profile_keras_model`, walked from
-its layers' output shapes, nothing run), from a zoo name (`profile_zoo_model`),
-or from a decoder-only Transformer's size (`profile_transformer`, formulas
-only, for sizes far too large to build).
+(`tfaccel.performance.plan`): the parameters, and which activations one training
+example leaves alive for the backward pass, layer by layer. It comes from a built
+model of either Keras (`profile_keras_model`, from its layers' output shapes), a
+zoo name (`profile_zoo_model`), or a decoder-only Transformer's size
+(`profile_transformer`, formulas only, for sizes far too large to build).
 
 What a Keras layer keeps (`layer_activation_bytes`), as measured on TensorFlow
 2.21's CPU kernels with `tf.config.experimental.get_memory_info` (see
@@ -22,10 +21,8 @@ docs/memory.md for the measurements):
 
 The Transformer formulas follow Korthikanti et al.'s accounting, "Reducing
 Activation Recomputation in Large Transformer Models" (2022), section 4.1 (``34 h +
-5 a s`` bytes per layer and token with 16-bit activations: h d_model, a heads, s
-sequence length), recounted for what TensorFlow keeps: the tensors the backward
-ops of a tf_keras block read from its forward pass, listed from TensorFlow 2.21's
-gradient graph (see `profile_transformer`).
+5 a s`` bytes per layer and token with 16-bit activations), recounted for what the
+backward ops of a tf_keras block read, listed from TensorFlow 2.21's gradient graph.
 
 Example:
 
@@ -206,13 +203,15 @@ def profile_keras_model(model):
     A layer's output counts when a later layer's gradient reads it (`_NEEDS_INPUT`,
     looking through reshapes) or its own gradient does (`_NEEDS_OUTPUT`, and fused
     activations such as ReLU). Nested models count their layers' outputs as kept.
-    Nothing is run or allocated beyond the model itself.
+    Nothing is run beyond the model; a Keras 3 model is walked as its verified translation.
 
     Raises:
       ModelError: the model is not built, is subclassed (no layer graph to walk), or has
         an output of unknown size.
     """
-    from tfaccel.keras import keras
+    from tfaccel.keras import bridge, is_keras3_object, keras
+
+    model = bridge.as_tf_keras(model) if is_keras3_object(model) else model
 
     if not getattr(model, "built", False) or not isinstance(model, keras.Model) or \
             type(model).__name__ not in ("Functional", "Sequential", "Model"):

@@ -1,7 +1,9 @@
 """Mixed precision and XLA settings: checked, set safely on any model, loss-scaled for float16.
 
-`set_precision` sets the tf_keras global dtype policy (float32,
-mixed_float16 or mixed_bfloat16); set it before building the model.
+`set_precision` sets the global dtype policy (float32, mixed_float16 or
+mixed_bfloat16) of tf_keras, and of Keras 3 when it is loaded; set it before
+building the model. Every helper here works on models of either Keras
+(`tfaccel.keras.flavour_of`).
 `apply_precision` makes any model (zoo, loaded from a file, user-built) compute
 under a policy while the layers that produce its outputs stay float32, so the
 softmax and the loss never run in half precision. `wrap_optimizer` adds
@@ -31,7 +33,7 @@ import tensorflow as tf
 from tfaccel import _compat, doctor
 from tfaccel.choices import JIT_CHOICES, PRECISIONS
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import keras, keras3_if_loaded, keras_of
 
 _MIN_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
@@ -55,10 +57,16 @@ def parse_jit_compile(value):
 
 
 def set_precision(name):
-    """Sets the tf_keras global dtype policy; returns the previous policy's name."""
+    """Sets the global dtype policy of tf_keras and, if imported, Keras 3; returns the previous
+    (tf_keras) policy's name.
+
+    Keras 3 is not imported for this: a program that has not imported it builds no Keras 3 model.
+    """
     check_precision(name)
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(name)
+    if keras3_if_loaded() is not None:
+        keras3_if_loaded().config.set_dtype_policy(name)
     return previous
 
 
@@ -69,7 +77,7 @@ def precision_scope(name):
     try:
         yield
     finally:
-        keras.mixed_precision.set_global_policy(previous)
+        set_precision(previous)
 
 
 def precision_advice(name, gpus=None, cpu_flags=None):
@@ -133,8 +141,10 @@ def _clone(model, name, float32_outputs):
     """
     outputs = {id(layer) for layer in _compat.output_layers(model)} if float32_outputs else set()
 
+    k = keras_of(model)
+
     def clone_layer(layer):
-        if isinstance(layer, keras.Model):
+        if isinstance(layer, k.Model):
             return _clone(layer, name, float32_outputs=False)
         config = layer.get_config()
         config["dtype"] = "float32" if id(layer) in outputs else name
@@ -145,7 +155,7 @@ def _clone(model, name, float32_outputs):
                              f"{name} ({first_line(e, with_type=True)}): set the policy before "
                              "building the model instead") from None
 
-    clone = keras.models.clone_model(model, clone_function=clone_layer)
+    clone = k.models.clone_model(model, clone_function=clone_layer)
     clone.set_weights(model.get_weights())
     return clone
 
@@ -162,7 +172,7 @@ def apply_precision(model, name, *, copy=False):
     precision model (for quantization, export, size reports).
 
     Args:
-      model: a built tf_keras model.
+      model: a built model of either Keras.
       name: a precision (see `PRECISIONS`).
       copy: always return a new model (same weights), even when `model`
         already computes under `name`: for trials that train a copy each.
@@ -178,7 +188,6 @@ def apply_precision(model, name, *, copy=False):
         `copy`, any subclassed model (it cannot be copied).
     """
     check_precision(name)
-    ensure_tf_keras(model)
     if not _compat.is_graph_network(model):
         if copy:
             raise ModelError(f"model {model.name!r} is a subclassed model, which cannot be copied: "
@@ -193,7 +202,7 @@ def apply_precision(model, name, *, copy=False):
     outputs = {id(layer) for layer in _compat.output_layers(model)}
     matches = outputs_are_float32(model) and all(
         layer.dtype_policy.name == name for layer in model.layers
-        if not (isinstance(layer, keras.layers.InputLayer) or id(layer) in outputs))
+        if not (isinstance(layer, keras_of(model).layers.InputLayer) or id(layer) in outputs))
     return model if matches and not copy else _clone(model, name, float32_outputs=True)
 
 
@@ -201,7 +210,7 @@ def layer_dtypes(model):
     """Rows {'layer', 'type', 'compute_dtype', 'variable_dtype'}: which layer computes in what."""
     return [{"layer": layer.name, "type": type(layer).__name__,
              "compute_dtype": layer.compute_dtype, "variable_dtype": layer.variable_dtype}
-            for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+            for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
 
 
 def wrap_optimizer(optimizer, name):
@@ -211,9 +220,9 @@ def wrap_optimizer(optimizer, name):
     range and needs none.
     """
     check_precision(name)
-    scaled = isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer)
-    if name == "mixed_float16" and not scaled:
-        return keras.mixed_precision.LossScaleOptimizer(optimizer)
+    scale = keras_of(optimizer).mixed_precision.LossScaleOptimizer
+    if name == "mixed_float16" and not isinstance(optimizer, scale):
+        return scale(optimizer)
     return optimizer
 
 
@@ -222,10 +231,14 @@ def scaled_gradients(tape, loss, variables, optimizer):
 
     Call after the `GradientTape` block; pass the result to
     `optimizer.apply_gradients`, which skips the step (and lowers the scale)
-    when a gradient is not finite.
+    when a gradient is not finite. Keras 3's optimizer unscales them there,
+    tf_keras's here.
     """
-    if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
-        with tape:  # re-entering the tape records the scaling
-            scaled = optimizer.get_scaled_loss(loss)
+    if not isinstance(optimizer, keras_of(optimizer).mixed_precision.LossScaleOptimizer):
+        return tape.gradient(loss, variables)
+    with tape:  # re-entering the tape records the scaling
+        scaled = (optimizer.get_scaled_loss(loss) if keras_of(optimizer) is keras
+                  else optimizer.scale_loss(loss))
+    if keras_of(optimizer) is keras:
         return optimizer.get_unscaled_gradients(tape.gradient(scaled, variables))
-    return tape.gradient(loss, variables)
+    return tape.gradient(scaled, variables)  # Keras 3's apply_gradients unscales them

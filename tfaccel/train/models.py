@@ -20,7 +20,7 @@ import traceback
 from tfaccel import _compat
 from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError, first_line
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import flavour_of, keras, keras_for
 
 MODEL_FILE_HINT = "a .keras/.h5 file or a SavedModel directory"
 
@@ -127,27 +127,50 @@ def is_model_path(spec: str) -> bool:
 
 
 def load_model_file(path, compile=False):
-    """Loads a tf_keras model from a .keras/.h5 file or a SavedModel directory."""
+    """Loads a model from a .keras/.h5 file or a SavedModel directory, in the Keras that saved it.
+
+    A .keras file written by Keras 3 loads as a Keras 3 model (tfaccel's schedules
+    registered for its optimizer); anything else as a tf_keras model.
+    """
     if not os.path.exists(path):
         raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
                          f"or one of {', '.join(MODELS)}")
     import tfaccel.train.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
 
     saved_by = _keras_version_of(path)
-    if saved_by and not saved_by.startswith("2."):
-        raise WrongKerasError(
-            f"model file {path!r} was saved by Keras {saved_by} but tfaccel drives tf_keras "
-            "(Keras 2, required by TF-MOT): rebuild and save it with `from tfaccel.keras import "
-            "keras` (or `import tf_keras`), or save it from TensorFlow with TF_USE_LEGACY_KERAS=1")
+    by_keras3 = bool(saved_by) and not saved_by.startswith("2.")
+    if by_keras3:
+        from tfaccel.train.schedule_bridge import keras3_schedule_class
+
+        keras3_schedule_class()  # registers it: a saved Keras 3 optimizer may hold one
+    loader = keras_for("keras3" if by_keras3 else "tf_keras")
     try:
-        model = keras.models.load_model(path, compile=compile)
+        model = loader.models.load_model(path, compile=compile)
     except Exception as e:  # loaders raise many types for a bad file
         raise ModelError(f"cannot load model {path!r} ({first_line(e)}): give {MODEL_FILE_HINT} "
-                         "saved by tf_keras") from None
-    if not isinstance(model, keras.Model):
+                         f"saved by {'Keras ' + saved_by if by_keras3 else 'tf_keras'}") from None
+    if not isinstance(model, loader.Model):
         raise ModelError(f"{path!r} holds a {type(model).__name__}, not a Keras model: save it "
-                         "with model.save() from tf_keras")
+                         "with model.save()")
     return model
+
+
+def as_flavour(model, flavour, what="model"):
+    """`model` in Keras `flavour` ('tf_keras', 'keras3'; None: as it is), translated if need be.
+
+    The translation is `tfaccel.keras.bridge`'s, verified on sample inputs; a
+    model it cannot translate (custom layers, subclassed) is refused with one
+    error naming the layers.
+    """
+    if flavour is None or flavour_of(model) == flavour:
+        return model
+    from tfaccel.keras import bridge
+
+    try:
+        return (bridge.to_keras3 if flavour == "keras3" else bridge.to_tf_keras)(model)
+    except (ModelError, WrongKerasError) as e:
+        raise ModelError(f"{what} {model.name!r} is a {flavour_of(model)} model and cannot "
+                         f"become a {flavour} one: {e}") from None
 
 
 def _keras_version_of(path):
@@ -205,7 +228,8 @@ def model_from_fn(spec, input_shape, num_classes):
                          "(the error is in your code, not in tfaccel)") from None
     if not hasattr(model, "fit"):
         raise ModelError(f"--model_fn={spec!r} returned {type(model).__name__}, not a Keras model")
-    return ensure_tf_keras(model, "model returned by --model_fn")
+    flavour_of(model)  # a Keras model of either Keras
+    return model
 
 
 def _where(error, fn):
@@ -229,7 +253,7 @@ def check_model_fits(model, input_shape, num_classes):
     A subclassed model has no input shape until called, so it is called once on a batch of
     zeros of the dataset's shape: a model that cannot take them fails here, in one line.
     """
-    ensure_tf_keras(model)
+    flavour_of(model)
     if not _compat.is_graph_network(model):
         return _check_subclassed_fits(model, input_shape, num_classes)
     got_in = tuple(model.input_shape[1:]) if not isinstance(model.input_shape, list) else None
@@ -261,12 +285,23 @@ def _check_subclassed_fits(model, input_shape, num_classes):
     return model
 
 
-def resolve_model(model, input_shape, num_classes, model_fn=None):
-    """The model a recipe trains: a zoo name, a saved model path, or `model_fn`."""
+def resolve_model(model, input_shape, num_classes, model_fn=None, keras=None):
+    """The model a recipe trains: a zoo name, a saved model path, or `model_fn`.
+
+    `keras` ('tf_keras', 'keras3') is the Keras to train in: zoo models are built in
+    it (tf_keras when None); a loaded or `model_fn` model keeps its own Keras when
+    `keras` is None, else is translated (`as_flavour`). A zoo model for Keras 3 is
+    built in float32 and translated, verified: apply the precision after.
+    """
     if model_fn:
-        built = model_from_fn(model_fn, input_shape, num_classes)
+        built = as_flavour(model_from_fn(model_fn, input_shape, num_classes), keras)
     elif is_model_path(model):
-        built = load_model_file(model)
+        built = as_flavour(load_model_file(model), keras)
+    elif keras == "keras3":
+        from tfaccel.performance.precision import precision_scope
+
+        with precision_scope("float32"):
+            built = as_flavour(build_model(model, input_shape, num_classes), keras)
     else:
         built = build_model(model, input_shape, num_classes)
     return check_model_fits(built, input_shape, num_classes)

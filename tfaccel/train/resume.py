@@ -4,15 +4,12 @@ Rerunning the same command after a kill continues from the last backup
 instead of epoch 1. Backups are taken every epoch, every N steps, or at the
 first epoch end at least N seconds after the previous backup (`"60s"`), and
 then always after the last epoch: with epochs far shorter than a save, the
-saves then cost a small share of the run. The same moments can save the
-weights to a file (`weights_path`, the recipe's `checkpoints/`). By default
-they are deleted when `fit` finishes; a program that writes results after `fit`
-(an export, a report) should keep them with `delete_after_fit=False` and call
-`remove_backup` once its last result is in place, or a kill while it writes
-them loses every epoch (recipes/train.py does this). Under
-MultiWorkerMirroredStrategy every worker must use the same `backup_dir` (the
-chief writes it, the others write temporary copies Keras removes) and all
-workers must be restarted together.
+saves then cost a small share of the run. By default they are deleted when
+`fit` finishes; a program that writes results after `fit` should keep them
+(`delete_after_fit=False`) and call `remove_backup` once its last result is in
+place (recipes/train.py does). Under MultiWorkerMirroredStrategy every worker
+uses the same `backup_dir` (the chief writes it) and all restart together.
+Keras 3 models get `backup_keras3`'s callbacks (`flavour="keras3"`).
 
 Example:
 
@@ -23,11 +20,9 @@ Example:
     # prints "resume: continuing from backup runs/a/backup at epoch 4/10, step 0" after a crash
 """
 
-import dataclasses
 import datetime
 import math
 import os
-import re
 import shutil
 import time
 
@@ -36,35 +31,10 @@ import tensorflow as tf
 from tfaccel import _compat
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.train.backup_timing import Backup, EpochBackups, parse_backup_freq
 
-
-def parse_backup_freq(value):
-    """'epoch', a positive number of steps (int or string), or seconds: '60s' -> timedelta(60).
-
-    A `datetime.timedelta` (or 'Ns') means: back up at the first epoch end at
-    least that long after the previous backup (or the start), and after the
-    last epoch.
-
-    Raises:
-      ConfigError: anything else.
-    """
-    if value == "epoch":
-        return "epoch"
-    if isinstance(value, datetime.timedelta):
-        if value.total_seconds() < 0:
-            raise ConfigError(f"backup_freq={value} must not be negative")
-        return value
-    seconds = re.fullmatch(r"(\d+(?:\.\d*)?)s", str(value).strip())
-    if seconds:
-        return datetime.timedelta(seconds=float(seconds.group(1)))
-    try:
-        steps = int(value)
-    except (TypeError, ValueError):
-        steps = 0
-    if steps < 1:
-        raise ConfigError(f"backup_freq={value!r} must be 'epoch', a positive number of steps "
-                          "(e.g. 50) or of seconds between epoch-end backups (e.g. 60s)")
-    return steps
+__all__ = ["parse_backup_freq", "Backup", "ResumeReporter", "EpochCounter", "read_backup",
+           "remove_backup", "PeriodicBackup", "backup_callbacks"]
 
 
 class ResumeReporter(keras.callbacks.Callback):
@@ -126,9 +96,8 @@ class EpochCounter(keras.callbacks.Callback):
     Give `epoch` to `tfaccel.data.build_pipeline` (or `build_splits`) with a seed:
     the training data of epoch k is then shuffled the same way in an
     uninterrupted run and in one resumed from a backup, where tf.data's own
-    reshuffling would start again from epoch 1's order. Put it after
-    `BackupAndRestore` (as `backup_callbacks` returns them) so that it sees the
-    restored epoch; it sets the variable before each epoch's data is read.
+    reshuffling would start again from epoch 1's order. Put it after the backup
+    callbacks: it sets the restored epoch before each epoch's data is read.
 
     Example:
 
@@ -158,33 +127,18 @@ class EpochCounter(keras.callbacks.Callback):
         self.epoch.assign(epoch + 1)  # Keras makes the next epoch's iterator before its begin
 
 
-@dataclasses.dataclass(frozen=True)
-class Backup:
-    """What a backup directory holds: the checkpoint and the last epoch (and step) it saved.
-
-    Attributes:
-      path: the checkpoint prefix.
-      epoch: the epoch it was taken in, counted from 1. With backups every epoch,
-        that epoch was finished and a rerun continues at the next one.
-      step: the steps of that epoch done when a step backup (`backup_freq=N`) was
-        taken. For an end-of-epoch backup it is the epoch's step count or None
-        (Keras records steps only when some callback runs per step).
-    """
-
-    path: str
-    epoch: int
-    step: int | None
-
-
 def read_backup(backup_dir):
     """The latest backup BackupAndRestore wrote to `backup_dir`, or None if there is none.
 
     Reads the checkpoint without a model, so that a program (or a test) can say
-    where a rerun will continue before building anything.
+    where a rerun will continue before building anything. A Keras 3 model's backup
+    (`backup_keras3`) is read too.
     """
     found = _compat.latest_backup(backup_dir)
     if found is None:
-        return None
+        from tfaccel.train.backup_keras3 import read_keras3_backup
+
+        return read_keras3_backup(backup_dir)
     latest, epoch, batch = found
     return Backup(latest, epoch + 1, batch + 1 if batch >= 0 else None)
 
@@ -199,7 +153,7 @@ def remove_backup(backup_dir):
     shutil.rmtree(os.fspath(backup_dir), ignore_errors=True)
 
 
-class PeriodicBackup(keras.callbacks.BackupAndRestore):
+class PeriodicBackup(EpochBackups, keras.callbacks.BackupAndRestore):
     """Keras's `BackupAndRestore`, backing up at most every `min_interval` and after the last epoch.
 
     A backup of a small model takes tens of milliseconds, as long as a whole
@@ -231,22 +185,10 @@ class PeriodicBackup(keras.callbacks.BackupAndRestore):
     def __init__(self, backup_dir, backup_freq="epoch", delete_checkpoint=True,
                  weights_path=None, clock=time.monotonic):
         freq = parse_backup_freq(backup_freq)
-        interval = freq.total_seconds() if isinstance(freq, datetime.timedelta) else None
-        super().__init__(os.fspath(backup_dir), save_freq="epoch" if interval is not None else freq,
+        every_epoch = freq == "epoch" or isinstance(freq, datetime.timedelta)
+        super().__init__(os.fspath(backup_dir), save_freq="epoch" if every_epoch else freq,
                          delete_checkpoint=delete_checkpoint)
-        self.min_interval = interval if interval is not None else (0.0 if freq == "epoch" else None)
-        self.weights_path = weights_path
-        self.clock = clock
-        self.backed_up_epochs = []  # epochs (from 0) backed up at their end, in this process
-        self._last_backup = None
-        self._last_epoch = None
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
-        self._last_backup = self.clock()
-        self._last_epoch = None
-        if self.min_interval and _compat.num_workers(self.model.distribute_strategy) > 1:
-            self.min_interval = 0.0  # every worker must take the same decision
+        self._init_interval(freq, weights_path, clock)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.min_interval is None:  # only step backups need Keras's per-step bookkeeping
@@ -259,52 +201,9 @@ class PeriodicBackup(keras.callbacks.BackupAndRestore):
         if loss is None or math.isfinite(float(loss)):  # a non-finite step is never backed up
             super().on_train_batch_end(batch, logs)
 
-    def _due(self, epoch):
-        if self.min_interval is None:  # step backups: Keras backs up from its batch hooks
-            return False
-        last = (self.params or {}).get("epochs")
-        return (self.min_interval == 0 or (last is not None and epoch + 1 >= last)
-                or self.clock() - self._last_backup >= self.min_interval)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._last_epoch = epoch
-        if self._due(epoch):
-            self._back_up_epoch(epoch, logs)
-        elif self.min_interval is None and self.weights_path:
-            self._save_weights(epoch)
-
-    def _back_up_epoch(self, epoch, logs):
-        super().on_epoch_end(epoch, logs)  # Keras's epoch backup
-        self._last_backup = self.clock()
-        self.backed_up_epochs.append(epoch)
-        if self.weights_path:
-            self._save_weights(epoch)
-
-    def _save_weights(self, epoch):
-        path = self.weights_path.format(epoch=epoch + 1)
-        folder, name = os.path.split(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        # The whole name is kept at the end: Keras reads the format from it ('.weights.h5').
-        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
-        try:
-            self.model.save_weights(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-
-    def on_train_end(self, logs=None):
-        # Stopped early (e.g. EarlyStopping) after an epoch that was not backed up: back it up
-        # if it is kept, so that a kill while results are written after fit loses nothing.
-        if (self.min_interval is not None and not self.delete_checkpoint
-                and self._last_epoch is not None
-                and self._last_epoch not in self.backed_up_epochs[-1:]):
-            self._back_up_epoch(self._last_epoch, logs)
-        super().on_train_end(logs)
-
 
 def backup_callbacks(backup_dir, backup_freq="epoch", epochs=None, printer=print,
-                     delete_after_fit=True, weights_path=None):
+                     delete_after_fit=True, weights_path=None, flavour="tf_keras"):
     """[PeriodicBackup, ResumeReporter] for `fit`: back up to `backup_dir`, resume from it.
 
     Args:
@@ -318,6 +217,7 @@ def backup_callbacks(backup_dir, backup_freq="epoch", epochs=None, printer=print
         one: a rerun after a kill in between then writes them again from the
         backup instead of training from epoch 1.
       weights_path: save the weights at each backup too (see `PeriodicBackup`).
+      flavour: the model's Keras ('keras3': `backup_keras3`, epoch-end backups only).
 
     Returns:
       The two callbacks, in the order they must run.
@@ -328,6 +228,11 @@ def backup_callbacks(backup_dir, backup_freq="epoch", epochs=None, printer=print
     if not backup_dir:
         raise ConfigError("backup_dir is empty: give a directory for the backups")
     backup_dir = os.fspath(backup_dir)
+    if flavour == "keras3":
+        from tfaccel.train.backup_keras3 import keras3_backup_callbacks
+
+        return keras3_backup_callbacks(backup_dir, backup_freq, epochs, printer,
+                                       delete_after_fit, weights_path)
     return [PeriodicBackup(backup_dir, backup_freq, delete_checkpoint=delete_after_fit,
                            weights_path=weights_path),
             ResumeReporter(backup_dir, epochs=epochs, printer=printer,

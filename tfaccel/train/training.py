@@ -23,12 +23,19 @@ from tfaccel import _compat
 from tfaccel.choices import OPTIMIZERS
 from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.io import atomic_path
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import keras, keras_for, keras_of
 
 
 def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip_norm=None,
-                   ema_momentum=None):
+                   ema_momentum=None, flavour="tf_keras", accumulation_steps=None):
     """An optimizer by name; `learning_rate` may be a float or a LearningRateSchedule.
+
+    `flavour` is the Keras of the model it will train ('tf_keras' or 'keras3';
+    `tfaccel.keras.flavour_of(model)`); a tfaccel schedule is adapted to Keras 3
+    (`schedules.for_keras`). `accumulation_steps` (Keras 3 only) is Keras 3's own
+    `gradient_accumulation_steps`: the update every N steps with the mean
+    gradient of N batches (tf_keras models accumulate within a step instead:
+    `tfaccel.performance.accumulate`).
 
     `beta_2` is Adam's and AdamW's second-moment decay (0.99 suits small batches of a
     language model, as nanoGPT uses); `clip_norm` clips the global gradient norm (None: no
@@ -40,6 +47,16 @@ def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip
     options = {} if not clip_norm else {"global_clipnorm": float(clip_norm)}
     if ema_momentum:
         options.update(use_ema=True, ema_momentum=float(ema_momentum))
+    if accumulation_steps and accumulation_steps > 1:
+        if flavour != "keras3":
+            raise ConfigError("accumulation_steps is Keras 3's optimizer argument: for a tf_keras "
+                              "model use tfaccel.enable_gradient_accumulation(model, steps)")
+        options["gradient_accumulation_steps"] = int(accumulation_steps)
+    keras = keras_for(flavour)
+    if flavour == "keras3":
+        from tfaccel.train.schedule_bridge import for_keras
+
+        learning_rate = for_keras(learning_rate, "keras3", accumulation_steps or 1)
     if name == "sgd":
         return keras.optimizers.SGD(learning_rate, **options)
     if name == "momentum":
@@ -55,8 +72,15 @@ def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip
 
 
 def compile_classifier(model, optimizer, jit_compile=False, steps_per_execution=1):
-    """Compiles `model` for integer labels and softmax outputs, tracking accuracy."""
-    ensure_tf_keras(model)
+    """Compiles `model` (either Keras) for integer labels and softmax outputs, tracking accuracy.
+
+    The optimizer must come from the model's Keras (`make_optimizer(flavour=...)`).
+    """
+    keras = keras_of(model)
+    if keras_of(optimizer) is not keras:
+        raise ConfigError(f"the optimizer is a {keras_of(optimizer).__name__} one but model "
+                          f"{model.name!r} is a {keras.__name__} model: make it with "
+                          "make_optimizer(..., flavour=tfaccel.keras.flavour_of(model))")
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(),
@@ -90,7 +114,10 @@ def export_model(model, directory, keras_name="model.keras", saved_model_name="s
     with atomic_path(keras_path) as tmp:
         model.save(tmp)
     with atomic_path(saved_path) as tmp:
-        model.save(tmp, save_format="tf", include_optimizer=False)
+        if keras_of(model) is keras:
+            model.save(tmp, save_format="tf", include_optimizer=False)
+        else:  # Keras 3 writes SavedModels for serving only, through export()
+            model.export(tmp, format="tf_saved_model", verbose=False)
     return {"keras": keras_path, "saved_model": saved_path}
 
 
@@ -232,8 +259,9 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         except (AttributeError, TypeError, ValueError):
             rate = "learning rate unknown"
         float16 = any(getattr(layer, "compute_dtype", None) == "float16"
-                      for layer in self.model.submodules if isinstance(layer, keras.layers.Layer))
-        scaled = isinstance(self.model.optimizer, keras.mixed_precision.LossScaleOptimizer)
+                      for layer in _layers(self.model))
+        scaled = isinstance(self.model.optimizer,
+                            keras_of(self.model).mixed_precision.LossScaleOptimizer)
         if first:
             return (f"the training loss was {loss} at the first step ({where}), before any "
                     "update: check the data for NaN/Inf values (and labels in range), or the "
@@ -246,3 +274,10 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
             fixes.insert(1, "use loss scaling if training in float16")
         return (f"the training loss became {loss} at {where} ({rate}): "
                 f"{', '.join(fixes[:-1])}, or {fixes[-1]}")
+
+
+def _layers(model):
+    """Every layer inside `model`, those of nested models too, in either Keras."""
+    for layer in getattr(model, "layers", ()):
+        yield layer
+        yield from _layers(layer)

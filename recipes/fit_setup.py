@@ -1,0 +1,109 @@
+"""What the recipes share for compiling and fitting: the optimizer, accumulation, callbacks.
+
+Re-exported by recipes/common.py (a recipe calls `common.compile_from_flags`). Each
+function serves models of either Keras (`tfaccel.keras.flavour_of`).
+"""
+
+import collections
+import os
+
+from flagkit import FLAGS
+
+
+def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
+                       accum_steps=1, compile_fn=None):
+    """Compiles `model` (`compile_fn`, default `training.compile_classifier`) with --optimizer
+    (and --adam_beta2/--clip_norm/--weight_decay/--ema if defined) at `learning_rate`:
+    loss scaling for mixed_float16, XLA, accumulation over `accum_steps`. In strategy scope."""
+    from tfaccel.keras import flavour_of
+    from tfaccel.performance import accumulate, precision
+    from tfaccel.train import training
+
+    tuned = ({"weight_decay": FLAGS.weight_decay, "beta_2": FLAGS.adam_beta2, "clip_norm":
+              FLAGS.clip_norm, "ema_momentum": FLAGS.ema} if "clip_norm" in FLAGS else {})
+    in_optimizer = _keras3_optimizer_accumulates(model)  # see fit_batch_size
+    optimizer = training.make_optimizer(FLAGS.optimizer, learning_rate, **tuned,
+                                        flavour=flavour_of(model),
+                                        accumulation_steps=accum_steps if in_optimizer else None)
+    (compile_fn or training.compile_classifier)(
+        model, precision.wrap_optimizer(optimizer, policy), jit_compile=jit_compile)
+    if accum_steps == 1 or in_optimizer:
+        return model
+    return accumulate.enable_gradient_accumulation(model, accum_steps)
+
+
+def _keras3_optimizer_accumulates(model):
+    """True when `model` accumulates in Keras 3's optimizer (`gradient_accumulation_steps`):
+    a Keras 3 model on one replica. Under a `tf.distribute` strategy of several, Keras 3.15's
+    accumulation fails (an all-reduce inside a `cond`), and tfaccel's micro-batches serve."""
+    from tfaccel.keras import flavour_of
+
+    return (flavour_of(model) == "keras3"
+            and model.distribute_strategy.num_replicas_in_sync == 1)
+
+
+def fit_batch_size(model, batch_size, accum_steps):
+    """The batch `fit` is given for an update of `batch_size` examples over `accum_steps`.
+
+    A model accumulating with tfaccel splits each batch itself
+    (`tfaccel.performance.accumulate`); one accumulating in Keras 3's optimizer
+    applies the mean gradient of `accum_steps` batches (`gradient_accumulation_steps`),
+    so it is given batches of `batch_size / accum_steps`, `accum_steps` steps an update.
+    """
+    return batch_size // accum_steps if _keras3_optimizer_accumulates(model) else batch_size
+
+
+FitCallbacks = collections.namedtuple("FitCallbacks", "callbacks backup throughput")
+
+
+def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
+    """The memory plan (`tfaccel.performance.plan`) of `model` trained with this run's flags,
+    `batch_size` examples per device; the device is --device_memory or the default one."""
+    from tfaccel.performance import devices, plan
+
+    memory = FLAGS.device_memory or devices.default_device_memory()[0]
+    return plan.plan_memory(model, plan.PlanSettings(
+        batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
+        grad_accum_steps=grad_accum_steps or FLAGS.grad_accum_steps, replicas=replicas,
+        device_memory=memory))
+
+
+def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print,
+                  extra=(), flavour="tf_keras", batch_size=None):
+    """The train recipe's callbacks for `fit`, in the order they must run; what
+    benchmarks/bench_overhead.py times against a bare `fit`.
+
+    The NaN/Inf stop first (nothing backs up or logs a non-finite step); the backup (which
+    saves the weights to `model_dir`/checkpoints/ at each backup) and the resume line before
+    the others (they then see the restored state), kept after `fit` (removed once
+    metrics.json is written: a kill while exporting loses nothing); `data_epoch`
+    (`resume.EpochCounter`); learning rate, throughput, Keras's epoch scalars, peak memory,
+    hardware load every --monitor_every_n_steps steps; `extra` (a language model's metrics and
+    samples) after throughput, before TensorBoard (which writes what they add to the logs).
+    Unless --backup_freq is a number of steps, none of them reads a tensor at every step.
+    `flavour` is the model's Keras (the backup is that Keras's); `batch_size` the examples in
+    one of `fit`'s steps (default --batch_size).
+
+    Returns:
+      `FitCallbacks(callbacks, backup, throughput)`: the list for `fit`, the backup callbacks
+      (the last one's `resumed_at`) and the throughput logger (its `history`).
+    """
+    from tfaccel import monitor, summaries
+    from tfaccel.performance import memory
+    from tfaccel.train import resume, training
+
+    train_logdir = os.path.join(logdir, "train")
+    backup = resume.backup_callbacks(
+        backup_dir, backup_freq, epochs=FLAGS.epochs, printer=printer, delete_after_fit=False,
+        weights_path=os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"),
+        flavour=flavour)
+    throughput = summaries.ThroughputLogger(train_logdir, batch_size or FLAGS.batch_size)
+    callbacks = [training.StopOnNonFiniteLoss(), *backup,
+                 *([data_epoch] if data_epoch is not None else []),
+                 summaries.LearningRateLogger(train_logdir, every_n_steps=10), throughput,
+                 *extra,
+                 summaries.TensorBoard(logdir, update_freq="epoch"),  # no learning_rate copy
+                 memory.PeakMemoryLogger(train_logdir)]
+    if FLAGS.monitor_every_n_steps:
+        callbacks.append(monitor.HardwareMonitor(train_logdir, FLAGS.monitor_every_n_steps))
+    return FitCallbacks(callbacks, backup, throughput)
