@@ -74,6 +74,16 @@ def train_both(make, num_stages, micro_batches, recompute=False, optimizer=None,
     return results, staged
 
 
+def micro_batch_atol(micro_batches):
+    """How far the split model's weights may end from the unsplit one's after `batches()`.
+
+    Micro-batches change the kernels' summation order: on an AVX2-only CPU (no AVX512) the
+    residual model's weights drift up to 3.5e-5 apart in 6 steps at lr 0.1 (under 1e-6 with
+    AVX512); a micro-batch's gradient missed or counted twice moves them by 1e-2.
+    """
+    return 1e-6 if micro_batches == 1 else 1e-4
+
+
 def assert_same_training(results, rtol=1e-5, atol=1e-6, trained=True):
     (losses, weights, _), (split_losses, split_weights, _) = results
     np.testing.assert_allclose(split_losses, losses, rtol=rtol)
@@ -89,10 +99,7 @@ def assert_same_training(results, rtol=1e-5, atol=1e-6, trained=True):
     for name in sorted(MODELS) for m in (1, 2, 4) for rec in (False, True)])
 def test_split_training_equals_the_unsplit_model(name, micro_batches, recompute):
     results, staged = train_both(MODELS[name], NUM_CPU_DEVICES, micro_batches, recompute)
-    # Micro-batches change the kernels' summation order: on an AVX2-only CPU (no AVX512) the
-    # residual model's weights drift up to 3.5e-5 apart in 6 steps at lr 0.1 (1e-6 with AVX512);
-    # a micro-batch's gradient missed or counted twice moves them by 1e-2.
-    assert_same_training(results, atol=1e-6 if micro_batches == 1 else 1e-4)
+    assert_same_training(results, atol=micro_batch_atol(micro_batches))
     assert len(staged.plan.stages) == NUM_CPU_DEVICES
 
 
@@ -171,8 +178,14 @@ def test_mixed_precision_scales_the_loss_once_per_batch(policy):
     finally:
         precision.set_precision("float32")
     # 16-bit activations summed over micro-batches instead of the batch: close, not equal;
-    # float16's first steps may be skipped while the loss scale falls (no training then)
-    assert_same_training(results, rtol=2e-2, atol=2e-3, trained=False)
+    # float16's first steps may be skipped while the loss scale falls (no training then).
+    # bfloat16 emulated on a CPU without bf16 instructions (AVX2 only) rounds further: two of
+    # the 8 head biases ended 0.042 apart there (within 2e-3 with AVX512_BF16/AMX).
+    from tfaccel import doctor
+
+    native = bool({"avx512_bf16", "amx_bf16"} & set(doctor.cpu_flags()))
+    atol = 5e-2 if policy == "mixed_bfloat16" and not native else 2e-3
+    assert_same_training(results, rtol=2e-2, atol=atol, trained=False)
     assert int(staged.optimizer.iterations) == 6  # one update per batch, not per micro-batch
     if policy == "mixed_float16":
         assert isinstance(staged.optimizer, keras.mixed_precision.LossScaleOptimizer)
@@ -247,7 +260,7 @@ devices = [d.name for d in tf.config.list_logical_devices("CPU")]
 out = {{}}
 for name, micro_batches, recompute in {cases!r}:
     results, staged = t.train_both(t.MODELS[name], 4, micro_batches, recompute, devices=devices)
-    t.assert_same_training(results)
+    t.assert_same_training(results, atol=t.micro_batch_atol(micro_batches))
     out[f"{{name}}/{{micro_batches}}/{{recompute}}"] = {{
         "losses": results[1][0],
         "stage_devices": [s.device[-5:] for s in staged.plan.stages],
