@@ -105,7 +105,7 @@ def main(argv):
         model = common.load_model(splits.info)
         model = precision.apply_precision(model, policy)  # float32 outputs, loaded models too
     flavour = flavour_of(model)  # tf_keras or keras3: --keras, or a model file's own Keras
-    if flavour == "keras3":
+    if flavour == "keras3" and FLAGS.keras != "keras3":  # a Keras 3 file: not checked above
         common.check_keras3_flags()
     model = parallel_flags.staged_model(model)  # --parallel: stages on devices (else model)
     search = None

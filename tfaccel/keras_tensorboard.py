@@ -70,7 +70,6 @@ class TensorBoard(keras.callbacks.Callback):
         super().__init__()
         self.log_dir, self._kwargs = os.fspath(log_dir), kwargs
         self._keras_callback = self._flavour = None
-        self.update_freq = kwargs.get("update_freq", "epoch")
         _compat.takes_logs_as_tensors(self)  # as Keras's TensorBoard does
 
     def set_model(self, model):

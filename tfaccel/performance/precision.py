@@ -65,8 +65,9 @@ def set_precision(name):
     check_precision(name)
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(name)
-    if keras3_if_loaded() is not None:
-        keras3_if_loaded().config.set_dtype_policy(name)
+    keras_3 = keras3_if_loaded()
+    if keras_3 is not None:
+        keras_3.config.set_dtype_policy(name)
     return previous
 
 
@@ -200,17 +201,19 @@ def apply_precision(model, name, *, copy=False):
                          f"{name} with float32 outputs: build it after set_precision({name!r}) "
                          "and end it in a layer with dtype='float32'")
     outputs = {id(layer) for layer in _compat.output_layers(model)}
+    input_layer = keras_of(model).layers.InputLayer
     matches = outputs_are_float32(model) and all(
         layer.dtype_policy.name == name for layer in model.layers
-        if not (isinstance(layer, keras_of(model).layers.InputLayer) or id(layer) in outputs))
+        if not (isinstance(layer, input_layer) or id(layer) in outputs))
     return model if matches and not copy else _clone(model, name, float32_outputs=True)
 
 
 def layer_dtypes(model):
     """Rows {'layer', 'type', 'compute_dtype', 'variable_dtype'}: which layer computes in what."""
+    input_layer = keras_of(model).layers.InputLayer
     return [{"layer": layer.name, "type": type(layer).__name__,
              "compute_dtype": layer.compute_dtype, "variable_dtype": layer.variable_dtype}
-            for layer in model.layers if not isinstance(layer, keras_of(model).layers.InputLayer)]
+            for layer in model.layers if not isinstance(layer, input_layer)]
 
 
 def wrap_optimizer(optimizer, name):
@@ -234,11 +237,12 @@ def scaled_gradients(tape, loss, variables, optimizer):
     when a gradient is not finite. Keras 3's optimizer unscales them there,
     tf_keras's here.
     """
-    if not isinstance(optimizer, keras_of(optimizer).mixed_precision.LossScaleOptimizer):
+    optimizer_keras = keras_of(optimizer)
+    if not isinstance(optimizer, optimizer_keras.mixed_precision.LossScaleOptimizer):
         return tape.gradient(loss, variables)
+    tf_keras = optimizer_keras is keras
     with tape:  # re-entering the tape records the scaling
-        scaled = (optimizer.get_scaled_loss(loss) if keras_of(optimizer) is keras
-                  else optimizer.scale_loss(loss))
-    if keras_of(optimizer) is keras:
+        scaled = optimizer.get_scaled_loss(loss) if tf_keras else optimizer.scale_loss(loss)
+    if tf_keras:
         return optimizer.get_unscaled_gradients(tape.gradient(scaled, variables))
     return tape.gradient(scaled, variables)  # Keras 3's apply_gradients unscales them
