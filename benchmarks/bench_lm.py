@@ -48,8 +48,8 @@ def main(argv):
 
     from tfaccel import doctor, io, plots, summaries
     from tfaccel.keras import keras
-    from tfaccel.performance import memory, precision
-    from tfaccel.train import language_model, resume
+    from tfaccel.performance import memory
+    from tfaccel.train import language_model, precision, resume
 
     length = lm_common.sequence_length()
     resume.parse_backup_freq(FLAGS.backup_freq)

@@ -82,8 +82,8 @@ def _measure(name):
     import numpy as np
     import tensorflow as tf
 
-    from tfaccel.performance import accumulate, memory_profile, plan, precision
-    from tfaccel.train import gpt, language_model, models, training
+    from tfaccel.performance import accumulate, memory_profile, plan
+    from tfaccel.train import gpt, language_model, models, precision, training
 
     model_name, shape, batch, policy, optimizer, accum, *recompute = CONFIGS[name]
     recompute = bool(recompute and recompute[0])

@@ -56,8 +56,8 @@ def main(argv):
     from tfaccel import doctor, io, plots, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import memory, precision
-    from tfaccel.train import resume
+    from tfaccel.performance import memory
+    from tfaccel.train import precision, resume
 
     resume.parse_backup_freq(FLAGS.backup_freq)
     policy = precision.check_precision(FLAGS.precision)

@@ -7,7 +7,7 @@
 On the visible GPUs (else the CPU split into --cpu_devices logical devices, before
 TensorFlow initializes them) it trains the same model, from the same initial weights,
 on the same synthetic batches with the same SGD optimizer, as: the unsplit model; the
-model split into K stages, one per device (`tfaccel.distribute.pipeline.model_parallel`,
+model split into K stages, one per device (`tfaccel.parallel.pipeline.model_parallel`,
 M = 1); and the same stages as a GPipe pipeline with each of --micro_batches (M). The
 "pipeline M=1" row runs the same computation as "model-parallel": the gap between the
 two is the timing noise of the run. Every variant first trains --warmup untimed steps
@@ -154,8 +154,8 @@ def _devices():
     """The stages' devices: the GPUs, else the CPU split (before TensorFlow initializes it)."""
     import tensorflow as tf
 
-    from tfaccel.distribute.pipeline import parallel_devices
     from tfaccel.distribute.strategy import split_cpu
+    from tfaccel.parallel.pipeline import parallel_devices
 
     if not tf.config.list_physical_devices("GPU"):
         split_cpu(FLAGS.cpu_devices)
@@ -192,8 +192,8 @@ def _data(shape):
 
 def _variants(shape, ms, devices):
     """[(name, M or None, compiled model)], all from the same initial weights; those weights."""
-    from tfaccel.distribute import pipeline
     from tfaccel.keras import keras
+    from tfaccel.parallel import pipeline
     from tfaccel.train import models
 
     builder = getattr(models, FLAGS.model)

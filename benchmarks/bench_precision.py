@@ -39,8 +39,8 @@ def main(argv):
     from tfaccel import data, doctor, io, monitor
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import memory, precision
-    from tfaccel.train import training
+    from tfaccel.performance import memory
+    from tfaccel.train import precision, training
 
     policies = [precision.check_precision(p) for p in FLAGS.precisions]
     jits = [precision.parse_jit_compile(j) for j in FLAGS.jit_compile]

@@ -78,8 +78,8 @@ def _steps(model, how, policy, accum):
     import tensorflow as tf
 
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, precision
-    from tfaccel.train import language_model, training
+    from tfaccel.performance import accumulate
+    from tfaccel.train import language_model, precision, training
 
     optimizer = precision.wrap_optimizer(training.make_optimizer(FLAGS.optimizer, 1e-3), policy)
     rng = np.random.default_rng(0)
@@ -122,8 +122,7 @@ def _measure(spec):
     import tensorflow as tf
 
     from tfaccel.keras import keras
-    from tfaccel.performance import precision
-    from tfaccel.train import gpt
+    from tfaccel.train import gpt, precision
 
     name, variant = spec.split(":")
     how, policy, accum = CONFIGS[name]

@@ -16,8 +16,8 @@ def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False
     (and --adam_beta2/--clip_norm/--weight_decay/--ema if defined) at `learning_rate`:
     loss scaling for mixed_float16, XLA, accumulation over `accum_steps`. In strategy scope."""
     from tfaccel.keras import flavour_of
-    from tfaccel.performance import accumulate, precision
-    from tfaccel.train import training
+    from tfaccel.performance import accumulate
+    from tfaccel.train import precision, training
 
     tuned = ({"weight_decay": FLAGS.weight_decay, "beta_2": FLAGS.adam_beta2, "clip_norm":
               FLAGS.clip_norm, "ema_momentum": FLAGS.ema} if "clip_norm" in FLAGS else {})
@@ -59,9 +59,9 @@ FitCallbacks = collections.namedtuple("FitCallbacks", "callbacks backup throughp
 def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
     """The memory plan (`tfaccel.performance.plan`) of `model` trained with this run's flags,
     `batch_size` examples per device; the device is --device_memory or the default one."""
-    from tfaccel.performance import devices, plan
+    from tfaccel.performance import plan
 
-    memory = FLAGS.device_memory or devices.default_device_memory()[0]
+    memory = FLAGS.device_memory or plan.default_device_memory()[0]
     return plan.plan_memory(model, plan.PlanSettings(
         batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
         grad_accum_steps=grad_accum_steps or FLAGS.grad_accum_steps, replicas=replicas,

@@ -120,7 +120,7 @@ def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False
 def memory_plan(model, batch_size, policy, replicas, length):
     """The memory plan of the decoder the flags describe (from its size: what TensorFlow's
     gradient graph keeps per block), `batch_size` sequences of `length` tokens per device."""
-    from tfaccel.performance import devices, memory_profile, plan
+    from tfaccel.performance import memory_profile, plan
     from tfaccel.train import gpt
 
     config = gpt.gpt_config_of(model)
@@ -128,7 +128,7 @@ def memory_plan(model, batch_size, policy, replicas, length):
         config.layers, config.d_model, config.heads, config.vocab_size, length,
         tied=config.tie_embeddings, half=policy != "float32", dropout=config.dropout,
         context=config.context)
-    memory = FLAGS.device_memory or devices.default_device_memory()[0]
+    memory = FLAGS.device_memory or plan.default_device_memory()[0]
     return plan.plan_memory(profile, plan.PlanSettings(
         batch_size=batch_size, precision=policy, optimizer=FLAGS.optimizer,
         grad_accum_steps=FLAGS.grad_accum_steps, replicas=replicas, device_memory=memory,

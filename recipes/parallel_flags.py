@@ -88,7 +88,7 @@ def staged_model(model, recompute=None):
     language-model recipe passes False, its --recompute recomputes each block instead."""
     if FLAGS.parallel == "none":
         return model
-    from tfaccel.distribute import pipeline
+    from tfaccel.parallel import pipeline
 
     devices = pipeline.parallel_devices()
     stages = FLAGS.stages or (None if FLAGS.stage_boundaries else len(devices))

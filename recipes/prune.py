@@ -109,10 +109,9 @@ def read_json(path):
 def main(argv):
     common.reject_extra_args(argv)
     from tfaccel import distribute, io, plots, summaries
-    from tfaccel.compress import prune, pruning_layers, pruning_plan, sparsity
+    from tfaccel.compress import prune, pruning_plan, sparsity
     from tfaccel.keras import keras
-    from tfaccel.performance import precision
-    from tfaccel.train import resume, training
+    from tfaccel.train import precision, resume, training
     from tfaccel.train.models import is_model_path, load_model_file
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -187,7 +186,7 @@ def main(argv):
                           summaries.LearningRateLogger(os.path.join(logdir, "train")),
                           summaries.TensorBoard(logdir, update_freq="epoch")])
     prune_seconds = time.perf_counter() - start
-    final_step = pruning_layers.pruning_step(pruned)
+    final_step = pruning_plan.pruning_step(pruned)
 
     # --- Strip, measure from the saved weights, export.
     with strategy.scope():

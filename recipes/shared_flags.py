@@ -206,9 +206,9 @@ def _check_auto_budget(value):
 
 def _check_device_memory(value):
     if value is not None:
-        from tfaccel.performance import devices
+        from tfaccel.performance import plan
 
-        devices.parse_device_memory(value)
+        plan.parse_device_memory(value)
 
 
 def define_performance_flags(batch_search=True):

@@ -60,8 +60,8 @@ def main(argv):
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import flavour_of, keras
-    from tfaccel.performance import accumulate, diagnose, plan, precision, trials
-    from tfaccel.train import resume, training
+    from tfaccel.performance import accumulate, diagnose, plan, trials
+    from tfaccel.train import precision, resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)

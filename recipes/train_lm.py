@@ -44,8 +44,8 @@ def main(argv):
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, plan, precision, trials
-    from tfaccel.train import generate, gpt, language_model, resume, training
+    from tfaccel.performance import accumulate, plan, trials
+    from tfaccel.train import generate, gpt, language_model, precision, resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
     length = lm_common.sequence_length()

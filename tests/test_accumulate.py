@@ -7,7 +7,8 @@ from conftest import FLAVOURS, keras_of_flavour, mirrored_strategy, run_recipe
 
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
-from tfaccel.performance import accumulate, precision
+from tfaccel.performance import accumulate
+from tfaccel.train import precision
 
 BATCH, STEPS = 32, 4  # 4 micro-batches of 8
 

@@ -166,7 +166,7 @@ def test_a_model_of_any_length_without_config_needs_a_context():
 def test_mirrored_and_mixed_precision_models_generate(model):
     from conftest import mirrored_strategy
 
-    from tfaccel.performance import precision
+    from tfaccel.train import precision
 
     expected = gen.generate(model, CHARS, "The ", 12, temperature=0)
     with mirrored_strategy().scope():

@@ -14,8 +14,7 @@ from conftest import ROOT, mirrored_strategy
 
 from tfaccel.errors import ModelError
 from tfaccel.keras import keras
-from tfaccel.performance import precision
-from tfaccel.train import gpt, gpt_layers
+from tfaccel.train import gpt, gpt_layers, precision
 
 SMALL = dict(vocab_size=23, context=16, layers=2, heads=2, d_model=16)  # fast to build and run
 

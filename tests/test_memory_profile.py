@@ -122,8 +122,7 @@ def _kept_bytes_per_example(model, batch, length, prefix):
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_transformer_block_keeps_what_the_gradient_graph_reads(policy, dropout):
-    from tfaccel.performance import precision
-    from tfaccel.train import gpt
+    from tfaccel.train import gpt, precision
 
     layers, h, a, s = 2, 64, 4, 32
     with precision.precision_scope(policy):

@@ -137,8 +137,8 @@ def test_choices_have_one_home_without_tensorflow():
     import subprocess
 
     from tfaccel import choices, data, distribute
-    from tfaccel.performance import memory, precision
-    from tfaccel.train import schedules, training
+    from tfaccel.performance import memory
+    from tfaccel.train import precision, schedules, training
 
     assert models.MODELS is choices.MODELS and data.DATASETS is choices.DATASETS
     assert training.OPTIMIZERS is choices.OPTIMIZERS and schedules.SCHEDULES is choices.SCHEDULES

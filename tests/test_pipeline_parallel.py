@@ -1,4 +1,4 @@
-"""Model and pipeline parallelism (tfaccel.distribute.pipeline) on logical CPU devices.
+"""Model and pipeline parallelism (tfaccel.parallel.pipeline) on logical CPU devices.
 
 The property GPipe promises and these tests check: a split model trained on micro-batches
 makes the same updates as the unsplit model on whole batches (plain SGD, fixed seed),
@@ -15,9 +15,9 @@ import pytest
 import tensorflow as tf
 from conftest import NUM_CPU_DEVICES, ROOT
 
-from tfaccel.distribute import pipeline, stages
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
+from tfaccel.parallel import pipeline, stages
 from tfaccel.train.models import build_model
 
 
@@ -169,7 +169,7 @@ def test_recompute_runs_the_stage_forward_again_in_the_backward_pass():
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 @pytest.mark.slow
 def test_mixed_precision_scales_the_loss_once_per_batch(policy):
-    from tfaccel.performance import precision
+    from tfaccel.train import precision
 
     precision.set_precision(policy)
     try:

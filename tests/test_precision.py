@@ -10,8 +10,7 @@ from conftest import keras_of_flavour
 from tfaccel import data
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
-from tfaccel.performance import precision
-from tfaccel.train import models, training
+from tfaccel.train import models, precision, training
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from conftest import mirrored_strategy
 from test_pruning_plan import small_cnn
 
 from tfaccel import summaries
-from tfaccel.compress import prune, pruning_layers, pruning_plan, sparsity
+from tfaccel.compress import prune, pruning_plan, sparsity
 from tfaccel.compress.pruning_plan import PruneConfig
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
@@ -70,7 +70,7 @@ def test_pruning_reaches_target(strategy_name, precision, policy, tmp_path):
         model = small_cnn()
     epochs = 2
     pruned, _ = fit_pruned(model, 0.75, epochs, strategy=strategy, logdir=str(tmp_path / "logs"))
-    assert pruning_layers.pruning_step(pruned) == epochs * STEPS
+    assert pruning_plan.pruning_step(pruned) == epochs * STEPS
     stripped = prune.strip_pruning(pruned)
     report = sparsity.sparsity_report(stripped, ["conv_1", "dense"])
     assert abs(report["pruned"]["sparsity"] - 0.75) < 0.01
@@ -184,7 +184,7 @@ def test_resume_after_interruption_keeps_the_pruning_step(tmp_path):
                                     logdir=str(tmp_path / "logs2"))
     assert callbacks[-1].start_step == 2 * STEPS  # the epoch-2 backup, not a fresh 0
     assert callbacks[1].resumed_at == (3, 0)
-    assert pruning_layers.pruning_step(resumed) == epochs * STEPS
+    assert pruning_plan.pruning_step(resumed) == epochs * STEPS
     report = sparsity.sparsity_report(prune.strip_pruning(resumed))
     assert abs(report["pruned"]["sparsity"] - 0.75) < 0.01
 
@@ -235,7 +235,7 @@ def _saved_mid_run(path, epochs):
 def _kernels(model):
     """{wrapper name: (kernel, mask)} of each pruning wrapper, as arrays."""
     return {w.name: tuple(v.numpy() for v in w.pruning_vars[0][:2])
-            for w in pruning_layers.pruning_wrappers(model)}
+            for w in pruning_plan.pruning_wrappers(model)}
 
 
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
@@ -250,14 +250,14 @@ def test_a_model_saved_mid_pruning_loads_back_with_its_wrappers_and_keeps_prunin
     assert len(loaded.weights) == len(pruned.weights)
     for mine, theirs in zip(loaded.weights, pruned.weights):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
-    assert pruning_layers.pruning_step(loaded) == epochs // 2 * STEPS
+    assert pruning_plan.pruning_step(loaded) == epochs // 2 * STEPS
     halfway = _kernels(loaded)
     assert 0 < sparsity.sparsity_report(loaded)["pruned"]["sparsity"] < 0.75
 
     compile_classifier(loaded, make_optimizer("adam", 1e-3))
     loaded.fit(train_data(), initial_epoch=epochs // 2, epochs=epochs, verbose=0,
-               callbacks=[pruning_layers.tfmot().sparsity.keras.UpdatePruningStep()])
-    assert pruning_layers.pruning_step(loaded) == epochs * STEPS
+               callbacks=[pruning_plan.tfmot().sparsity.keras.UpdatePruningStep()])
+    assert pruning_plan.pruning_step(loaded) == epochs * STEPS
     for name, (kernel, mask) in _kernels(loaded).items():
         assert not np.any(kernel[mask == 0])  # pruned weights are zero
         assert not np.any(mask[halfway[name][1] == 0])  # once pruned, stays pruned
@@ -276,7 +276,7 @@ def test_a_reloaded_mixed_precision_model_masks_its_float32_weights(policy, tmp_
     before = _kernels(loaded)
     compile_classifier(loaded, keras.optimizers.SGD(0.0))
     loaded.fit(train_data(), initial_epoch=2, epochs=4, verbose=0,
-               callbacks=[pruning_layers.tfmot().sparsity.keras.UpdatePruningStep()])
+               callbacks=[pruning_plan.tfmot().sparsity.keras.UpdatePruningStep()])
     for name, (kernel, mask) in _kernels(loaded).items():
         kept = mask != 0
         assert kept.mean() < before[name][1].mean()  # the masks moved on towards the target

@@ -1,11 +1,11 @@
-"""Stage splits (tfaccel.distribute.stages): where the cuts fall, what crosses them."""
+"""Stage splits (tfaccel.parallel.stages): where the cuts fall, what crosses them."""
 
 import pytest
 from test_pipeline_parallel import residual_model
 
-from tfaccel.distribute import stages
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
+from tfaccel.parallel import stages
 from tfaccel.train.models import build_model
 
 DEVICES = [f"/CPU:{i}" for i in range(8)]

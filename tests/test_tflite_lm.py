@@ -11,8 +11,7 @@ from tfaccel import errors
 from tfaccel.compress import tflite_eval, tflite_lm
 from tfaccel.data import text
 from tfaccel.keras import keras
-from tfaccel.performance import precision
-from tfaccel.train import gpt
+from tfaccel.train import gpt, precision
 
 CORPUS, _ = text.read_text()
 VOCAB = text.build_vocabulary(CORPUS, "char")

@@ -155,7 +155,7 @@ class _RawWeights(keras.callbacks.Callback):
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
 def test_ema_ends_fit_with_the_moving_average_of_the_weights(policy):
-    from tfaccel.performance import precision
+    from tfaccel.train import precision
 
     momentum = 0.8
     with precision.precision_scope(policy):

@@ -11,8 +11,8 @@ from conftest import RECIPES, run_recipe
 from tfaccel import data, summaries
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
-from tfaccel.performance import budget, precision, trials
-from tfaccel.train import models
+from tfaccel.performance import batch_search, trials
+from tfaccel.train import models, precision
 
 
 def _fake_measure(rates, peaks=None, oom_from=None, calls=None):
@@ -295,10 +295,10 @@ def test_a_hiccup_in_the_first_steps_does_not_drop_a_setting():
 
 
 def test_first_step_batch_is_a_small_multiple_of_the_replicas_and_micro_batches():
-    assert budget.first_step_batch(256) == 8
-    assert budget.first_step_batch(64, multiple=4) == 4
-    assert budget.first_step_batch(96, multiple=6) == 6  # 96/16: 96/32 is no multiple of 6
-    assert budget.first_step_batch(7) == 7
+    assert batch_search.first_step_batch(256) == 8
+    assert batch_search.first_step_batch(64, multiple=4) == 4
+    assert batch_search.first_step_batch(96, multiple=6) == 6  # 96/16: 96/32 is no multiple of 6
+    assert batch_search.first_step_batch(7) == 7
 
 
 def test_each_setting_gets_its_share_of_the_budget():
@@ -416,7 +416,7 @@ def test_recipe_auto_finishes_within_its_budget_and_keeps_the_fastest(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     table = metrics["auto_precision_trials"]
     # An epoch of 8 steps: the default budget is its floor, 60 s.
-    assert metrics["auto_precision_budget_seconds"] == budget.MIN_BUDGET_SECONDS
+    assert metrics["auto_precision_budget_seconds"] == batch_search.MIN_BUDGET_SECONDS
     assert metrics["auto_precision_seconds"] <= metrics["auto_precision_budget_seconds"]
     assert sum(r["seconds"] for r in table) <= metrics["auto_precision_seconds"]
     timings = {(t["precision"], t["jit_compile"]): t["ms_per_step"] for t in table

@@ -70,26 +70,24 @@ _EXPORTS = {
     ],
     "tfaccel.summaries": [
         "read_scalars", "read_text", "read_image_tags", "ScalarLogger", "ThroughputLogger",
-        "LearningRateLogger", "tensorboard_command",
+        "LearningRateLogger", "tensorboard_command", "TensorBoard",
     ],
-    "tfaccel.keras_tensorboard": ["TensorBoard"],
     "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
-    "tfaccel.distribute.stages": ["plan_stages", "StagePlan", "Stage"],
-    "tfaccel.distribute.pipeline": [
+    "tfaccel.parallel.stages": ["plan_stages", "StagePlan", "Stage"],
+    "tfaccel.parallel.pipeline": [
         "pipeline_parallel", "model_parallel", "PipelineModel", "parallel_devices",
     ],
     "tfaccel.distribute.batching": [
         "per_replica_batch_size", "scale_learning_rate", "with_shard_policy", "worker_output_dir",
     ],
-    "tfaccel.performance.precision": [
+    "tfaccel.train.precision": [
         "PRECISIONS", "set_precision", "precision_scope", "apply_precision",
         "wrap_optimizer", "scaled_gradients", "precision_advice", "layer_dtypes",
     ],
     "tfaccel.performance.trials": ["auto_select", "choose_fastest"],
     "tfaccel.performance.batch_search": ["find_batch_size", "search_batch_size"],
     "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
-    "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan"],
-    "tfaccel.performance.plan_settings": ["PlanSettings"],
+    "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan", "PlanSettings"],
     "tfaccel.performance.memory_profile": ["profile_transformer", "MemoryProfile"],
     "tfaccel.performance.memory": [
         "configure_gpu_memory", "use_pooled_host_allocator",
@@ -122,12 +120,14 @@ _EXPORTS = {
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Submodules reachable as attributes: the areas, the top-level modules, and each moved
-# module under its old flat name (`tfaccel.precision` is tfaccel.performance.precision).
+# module under its old flat name (`tfaccel.precision` is tfaccel.train.precision).
 _SUBMODULES = {
     **{name: f"tfaccel.{name}" for name in (
-        "data", "train", "performance", "distribute", "compress", "errors", "keras", "io",
+        "data", "train", "performance", "distribute", "compress", "parallel", "errors", "keras",
+        "io",
         "summaries", "plots", "monitor", "doctor", "cli", "choices", "quiet")},
-    **{old.rpartition(".")[2]: new for old, new in _aliases.MOVED.items()},
+    **{old.rpartition(".")[2]: new for old, new in _aliases.MOVED.items()
+       if old.count(".") == 1},
 }
 _aliases.install()
 

@@ -17,18 +17,28 @@ MOVED = {
     "tfaccel.training": "tfaccel.train.training",
     "tfaccel.schedules": "tfaccel.train.schedules",
     "tfaccel.resume": "tfaccel.train.resume",
-    "tfaccel.precision": "tfaccel.performance.precision",
+    "tfaccel.precision": "tfaccel.train.precision",
+    "tfaccel.performance.precision": "tfaccel.train.precision",
+    "tfaccel.distribute.stages": "tfaccel.parallel.stages",
+    "tfaccel.distribute.pipeline": "tfaccel.parallel.pipeline",
     "tfaccel.accumulate": "tfaccel.performance.accumulate",
     "tfaccel.memory": "tfaccel.performance.memory",
     "tfaccel.diagnose": "tfaccel.performance.diagnose",
     "tfaccel.batch_size": "tfaccel.performance.trials",
     "tfaccel.launch": "tfaccel.distribute.launch",
-    "tfaccel.parallel": "tfaccel.distribute.pipeline",  # the name issue #14 proposed
     "tfaccel.prune": "tfaccel.compress.prune",
     "tfaccel.sparsity": "tfaccel.compress.sparsity",
     "tfaccel.quantize": "tfaccel.compress.quantize",
     "tfaccel.tflite": "tfaccel.compress.tflite",
     "tfaccel.report": "tfaccel.compress.report",
+    # Fragments folded back into the module of their idea (0.2).
+    "tfaccel.performance.budget": "tfaccel.performance.batch_search",
+    "tfaccel.performance.devices": "tfaccel.performance.plan",
+    "tfaccel.performance.plan_settings": "tfaccel.performance.plan",
+    "tfaccel.compress.pruning_layers": "tfaccel.compress.pruning_plan",
+    "tfaccel.scalar_file": "tfaccel.summaries",
+    "tfaccel.keras_tensorboard": "tfaccel.summaries",
+    "tfaccel.train.schedule_bridge": "tfaccel.train.schedules",
 }
 
 

@@ -35,7 +35,7 @@ ON_BAD_EXAMPLE = ("fail", "skip")
 PRUNING_SCHEDULES = ("polynomial", "constant")
 PRUNING_POLICIES = ("xnnpack",)
 BLOCK_POOLINGS = ("AVG", "MAX")
-# tfaccel.distribute.pipeline / stages: how a model is split over devices, how stages balance.
+# tfaccel.parallel.pipeline / stages: how a model is split over devices, how stages balance.
 PARALLEL_MODES = ("none", "model", "pipeline")
 KERAS_FLAVOURS = ("tf_keras", "keras3")  # tfaccel.keras.FLAVOURS
 STAGE_BALANCES = ("parameters", "memory")

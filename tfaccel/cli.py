@@ -9,6 +9,13 @@ import json
 import os
 import sys
 
+from tfaccel import doctor
+from tfaccel.choices import GPT_SIZES, MODELS, OPTIMIZERS, PRECISIONS
+from tfaccel.distribute import launch
+from tfaccel.errors import ConfigError, TfaccelError
+from tfaccel.performance import memory_profile, plan
+from tfaccel.quiet import import_tensorflow
+
 EXIT_BAD_INPUT = 2
 
 
@@ -22,10 +29,8 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def _doctor(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfaccel.quiet import import_tensorflow
 
     import_tensorflow()  # without its start-up lines, which would precede the report
-    from tfaccel import doctor
 
     facts = doctor.collect()
     advice = doctor.advise(facts)
@@ -57,9 +62,6 @@ def _shape(text):
 
 
 def _device_memory(text):
-    from tfaccel.errors import ConfigError
-    from tfaccel.performance import plan
-
     try:
         plan.parse_device_memory(text)
     except ConfigError as e:
@@ -69,8 +71,6 @@ def _device_memory(text):
 
 def _plan_profile(args):
     """The `MemoryProfile` --model names: gpt (by size, nothing built), a zoo name, a file."""
-    from tfaccel.choices import MODELS
-    from tfaccel.performance import memory_profile
 
     if args.model == "gpt":
         layers, heads, d_model, context = memory_profile.GPT_SIZES[args.gpt_size]
@@ -82,10 +82,8 @@ def _plan_profile(args):
         raise SystemExit(_bad(f"--model={args.model}: not gpt, a zoo model "
                               f"({', '.join(MODELS)}) or an existing .keras/.h5 file"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfaccel.quiet import import_tensorflow
 
     import_tensorflow()
-    from tfaccel.errors import TfaccelError
 
     try:
         return memory_profile.profile_of(args.model, args.input_shape, args.num_classes,
@@ -100,9 +98,6 @@ def _bad(message):
 
 
 def _plan(args):
-    from tfaccel.errors import ConfigError
-    from tfaccel.performance import plan
-
     settings = plan.PlanSettings(
         batch_size=args.batch_size, precision=args.precision, optimizer=args.optimizer,
         grad_accum_steps=args.grad_accum_steps, recompute=args.recompute,
@@ -118,8 +113,6 @@ def _plan(args):
 
 
 def _add_plan_parser(sub):
-    from tfaccel.choices import GPT_SIZES, OPTIMIZERS, PRECISIONS
-
     p = sub.add_parser("plan", help="will this model train on this device? memory per device, "
                        "verdict, changes that fit")
     p.add_argument("--model", default="cnn", help="gpt (described by size), a zoo model, or a "
@@ -160,8 +153,6 @@ def _parser():
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
-        from tfaccel.distribute import launch
-
         return launch.main(argv[1:])
     args = _parser().parse_args(argv)
     return _plan(args) if args.command == "plan" else _doctor(args)

@@ -133,7 +133,7 @@ def _number(text):
 
 def collect():
     """Facts about this machine and its TensorFlow, as a JSON-ready dict."""
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow: doctor reports the machine without it
 
     build = dict(tf.sysconfig.get_build_info())
     smi = _nvidia_smi()

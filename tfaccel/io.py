@@ -14,10 +14,15 @@ Example:
 """
 
 import contextlib
+import gzip
+import io
 import json
 import os
 import shutil
+import tarfile
 import tempfile
+
+from tfaccel.errors import ConfigError
 
 
 def _remove(path):
@@ -77,7 +82,6 @@ def check_writable_dir(path, what="output folder"):
     Returns:
       `path`.
     """
-    from tfaccel.errors import ConfigError
 
     where = os.path.abspath(os.fspath(path))
     if os.path.lexists(where) and not os.path.isdir(where):
@@ -150,9 +154,6 @@ def file_size(path):
 def gzipped_size(path):
     """Bytes of `path` gzip-compressed (a directory is tarred first), the fair size of sparse
     weights."""
-    import gzip
-    import io
-    import tarfile
 
     if os.path.isdir(path):
         buf = io.BytesIO()

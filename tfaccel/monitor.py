@@ -19,6 +19,7 @@ Example:
 import statistics
 import time
 
+import psutil
 import tensorflow as tf
 from absl import logging
 
@@ -37,8 +38,6 @@ class CpuSampler:
     kind = "cpu"
 
     def __init__(self):
-        import psutil
-
         self._process = psutil.Process()
         self._process.cpu_percent(None)  # the first call only starts the interval
 
@@ -61,7 +60,7 @@ class NvmlSampler:
 
     def __init__(self, nvml=None):
         if nvml is None:
-            import pynvml as nvml
+            import pynvml as nvml  # deferred: NVML (nvidia-ml-py), the gpu extra
         self._nvml = nvml
         nvml.nvmlInit()
         count = nvml.nvmlDeviceGetCount()

@@ -18,6 +18,8 @@ Example:
 import io as _io
 import textwrap
 
+import numpy as np
+
 from tfaccel.errors import ConfigError
 from tfaccel.io import write_bytes
 
@@ -30,8 +32,8 @@ _PALETTE = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#937860", "#ccb974", "#
 
 def new_figure(width, height):
     """(figure, axes) of `width` x `height` inches on the Agg canvas, outside pyplot."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # deferred: matplotlib
+    from matplotlib.figure import Figure  # deferred: matplotlib
 
     fig = Figure(figsize=(width, height), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -135,8 +137,7 @@ def plot_accuracy_vs_size(rows, path, reference_accuracy=None, title="Accuracy v
     Returns:
       `path` (written atomically), a chart of 7 x 4.5 inches.
     """
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter  # deferred: matplotlib
 
     fig, ax = new_figure(7, 4.5)
     points = [(row["gzip_bytes"] / 1024, 100 * row["accuracy"], row) for row in rows]

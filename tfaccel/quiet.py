@@ -75,7 +75,7 @@ def import_tensorflow():
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            import tensorflow as tf
+            import tensorflow as tf  # deferred: TensorFlow, the import this module quiets
 
             have_gpu = bool(tf.config.list_physical_devices("GPU"))
         finally:

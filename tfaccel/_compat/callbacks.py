@@ -15,7 +15,7 @@ def tensorboard_without_learning_rate(flavour="tf_keras"):
     Checked: tf_keras 2.21, Keras 3.15.
     """
     if flavour not in _TENSORBOARD_WITHOUT_LR:
-        from tfaccel.keras import keras_for
+        from tfaccel.keras import keras_for  # deferred: tf_keras (tfaccel.keras loads it)
 
         class TensorBoardWithoutLearningRate(keras_for(flavour).callbacks.TensorBoard):
             def _collect_learning_rate(self, logs):

@@ -1,12 +1,13 @@
 """Private touchpoints: compress (TF-MOT pruning and quantization, TFLite interpreter)."""
 
 from tfaccel._compat.graphs import is_graph_network
+from tfaccel.errors import UnsupportedLayerError
 
 
 def _tfmot_imported():
     """Imports TF-MOT the one way tfaccel does (`tfaccel.keras.tfmot`: its environment side
     effect undone) before a private module of it is imported here."""
-    from tfaccel.keras import tfmot
+    from tfaccel.keras import tfmot  # deferred: TF-MOT
 
     tfmot()
 
@@ -19,6 +20,7 @@ def pruning_wrapper_class():
     Checked: TF-MOT 0.8.1.
     """
     _tfmot_imported()
+    # deferred: TF-MOT
     from tensorflow_model_optimization.python.core.sparsity.keras import pruning_wrapper
 
     return pruning_wrapper.PruneLowMagnitude
@@ -30,6 +32,7 @@ def prune_registry_supports(layer):
     Relies on TF-MOT's private `prune_registry.PruneRegistry.supports`. Checked: TF-MOT 0.8.1.
     """
     _tfmot_imported()
+    # deferred: TF-MOT
     from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry
 
     return prune_registry.PruneRegistry.supports(layer)
@@ -41,6 +44,7 @@ def prune_registry_weight_names(layer):
     Relies on TF-MOT's private `PruneRegistry._weight_names`. Checked: TF-MOT 0.8.1.
     """
     _tfmot_imported()
+    # deferred: TF-MOT
     from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry
 
     return list(prune_registry.PruneRegistry._weight_names(layer))
@@ -48,9 +52,10 @@ def prune_registry_weight_names(layer):
 
 def _float32_pruning_class():
     _tfmot_imported()
+    # deferred: TF-MOT
     from tensorflow_model_optimization.python.core.sparsity.keras import pruning_impl
 
-    from tfaccel.keras import keras
+    from tfaccel.keras import keras  # deferred: tf_keras (tfaccel.keras loads it)
 
     autocast = keras.src.mixed_precision.autocast_variable
 
@@ -108,7 +113,7 @@ def layer_calls(model):
     Relies on tf_keras's private `Functional._nodes_by_depth` and its `Node`
     objects (`is_input`, `layer`, `inbound_layers`). Checked: tf_keras 2.21.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
     return [(node.layer, tf.nest.flatten(node.inbound_layers))
             for nodes in getattr(model, "_nodes_by_depth", {}).values()
@@ -127,10 +132,9 @@ def replay_layers(model, inputs):
     Raises:
       UnsupportedLayerError: a nested model is subclassed (it has no graph).
     """
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
-    from tfaccel.errors import UnsupportedLayerError
-    from tfaccel.keras import keras
+    from tfaccel.keras import keras  # deferred: tf_keras (tfaccel.keras loads it)
 
     if not is_graph_network(model):
         raise UnsupportedLayerError(
@@ -161,6 +165,7 @@ def no_op_quantize_config():
     `...quantization.keras.default_8bit.default_8bit_quantize_configs`. Checked: TF-MOT 0.8.1.
     """
     _tfmot_imported()
+    # deferred: TF-MOT
     from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
         default_8bit_quantize_configs,
     )
@@ -174,7 +179,7 @@ def unsafe_deserialization():
     tf_keras's public switch is global; this scope is tf_keras's private
     `keras.src.saving.serialization_lib.SafeModeScope`. Checked: tf_keras 2.21.
     """
-    from tfaccel.keras import keras
+    from tfaccel.keras import keras  # deferred: tf_keras (tfaccel.keras loads it)
 
     return keras.src.saving.serialization_lib.SafeModeScope(False)
 
@@ -194,6 +199,6 @@ def tflite_converter_errors():
     `ConverterError` is importable only from `tensorflow.lite.python.convert_phase`.
     Checked: TF 2.21.
     """
-    from tensorflow.lite.python.convert_phase import ConverterError
+    from tensorflow.lite.python.convert_phase import ConverterError  # deferred: TensorFlow
 
     return (ConverterError, ValueError, RuntimeError, TypeError)

@@ -1,4 +1,5 @@
 """Private touchpoints: model graphs (shared by several areas), in both Kerases."""
+from tfaccel._compat.keras3 import is_keras3_functional
 
 
 def is_graph_network(model):
@@ -9,10 +10,9 @@ def is_graph_network(model):
     `keras.src.models.functional.Functional` (Keras 3 exports no such class).
     Checked: tf_keras 2.21, Keras 3.15.
     """
+    # deferred: tf_keras (tfaccel.keras loads it)
     from tfaccel.keras import is_keras3_object, keras, keras3
 
     if is_keras3_object(model):
-        from tfaccel._compat.keras3 import is_keras3_functional
-
         return isinstance(model, keras3().Sequential) or is_keras3_functional(model)
     return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))

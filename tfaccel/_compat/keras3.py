@@ -1,4 +1,5 @@
 """Private touchpoints: Keras 3 (the `keras` package), for the bridge to tf_keras."""
+import numpy as np
 
 
 def is_keras3_functional(model):
@@ -7,7 +8,7 @@ def is_keras3_functional(model):
     Keras 3 exports no `Functional` class; relies on
     `keras.src.models.functional.Functional`. Checked: Keras 3.15.
     """
-    from tfaccel.keras import keras3
+    from tfaccel.keras import keras3  # deferred: tf_keras (tfaccel.keras loads it)
 
     return isinstance(model, keras3().src.models.functional.Functional)
 
@@ -32,9 +33,8 @@ def keras3_last_learning_rate(optimizer):
     counted as the schedule counts them, batches under gradient accumulation).
     Checked: Keras 3.15.
     """
-    import numpy as np
 
-    from tfaccel.keras import keras3
+    from tfaccel.keras import keras3  # deferred: tf_keras (tfaccel.keras loads it)
 
     schedule = optimizer._learning_rate
     if not isinstance(schedule, keras3().optimizers.schedules.LearningRateSchedule):

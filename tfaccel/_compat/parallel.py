@@ -1,7 +1,8 @@
-"""Private touchpoints: model and pipeline parallelism (`tfaccel.distribute.stages`)."""
+"""Private touchpoints: model and pipeline parallelism (`tfaccel.parallel.stages`)."""
 
 import collections
 import contextlib
+import inspect
 
 
 def graph_calls(model):
@@ -32,9 +33,8 @@ def run_call(node, values, training=None):
     tf_keras's private `Node.map_arguments` (it pops each input from a list per id) and
     `Node.flat_output_ids`. Checked: tf_keras 2.21.
     """
-    import inspect
 
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
     feed = {i: [values[i]] * n for i, n in collections.Counter(node.flat_input_ids).items()}
     args, kwargs = node.map_arguments(feed)
@@ -54,7 +54,7 @@ def builds_on(layer, device):
     Relies on tf_keras calling `self.build` from its private `_maybe_build`.
     Checked: tf_keras 2.21.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
     build = layer.build
 

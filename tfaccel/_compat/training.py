@@ -1,5 +1,9 @@
 """Private touchpoints: performance and train (tf_keras training loop, mixed precision,
 the host allocator)."""
+import os
+
+from tfaccel._compat.keras3 import is_keras3_functional
+
 
 def output_layers(model):
     """The layers whose outputs are `model`'s outputs: the last one of a Sequential.
@@ -8,12 +12,11 @@ def output_layers(model):
     subclassed model); for Keras 3 on the private `KerasTensor._keras_history`.
     Checked: tf_keras 2.21, Keras 3.15.
     """
-    from tfaccel.keras import flavour_of, keras_of
+    from tfaccel.keras import flavour_of, keras_of  # deferred: tf_keras (tfaccel.keras loads it)
 
     if isinstance(model, keras_of(model).Sequential):
         return [model.layers[-1]]
     if flavour_of(model) == "keras3":  # the operation that made each output
-        from tfaccel._compat.keras3 import is_keras3_functional
 
         return ([t._keras_history.operation for t in model.outputs]
                 if is_keras3_functional(model) else [])
@@ -65,9 +68,8 @@ def latest_backup(backup_dir):
     chief's checkpoints in `<backup_dir>/chief`, its counters saved as
     `ckpt_saved_epoch` and `ckpt_saved_batch`. Checked: tf_keras 2.21.
     """
-    import os
 
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
     latest = tf.train.latest_checkpoint(os.path.join(os.fspath(backup_dir), "chief"))
     if latest is None:
@@ -103,7 +105,7 @@ def traced_allocator_names(device="CPU:0"):
     returns. The allocator of a device is one per process, shared by graphs and
     eager code, so a fresh graph tells what eager code uses. Checked: TF 2.21.
     """
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow
 
     graph = tf.Graph()
     with graph.as_default(), tf.device(f"/device:{device}"):

@@ -50,20 +50,21 @@ import tensorflow as tf
 from absl import logging
 
 from tfaccel import _compat
-from tfaccel.compress.pruning_layers import pruning_wrappers, tfmot
 from tfaccel.compress.pruning_plan import (  # also this module's names, as before the split
     PruneConfig,
     PruningPlan as PruningPlan,
     make_pruning_schedule,
     plan_pruning,
+    pruning_wrappers,
+    tfmot,
 )
 from tfaccel.compress.sparsity import SparsityLogger
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import FLAVOURS, ensure_tf_keras, flavour_of, keras
 from tfaccel.keras.bridge import as_tf_keras, to_keras3
-from tfaccel.performance.precision import apply_precision
 from tfaccel.train import resume
 from tfaccel.train.models import load_model_file
+from tfaccel.train.precision import apply_precision
 
 # The pruned models `prune_to_sparsity` made from Keras 3 models: `strip_pruning` returns
 # them as Keras 3 models.

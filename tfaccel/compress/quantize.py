@@ -40,11 +40,11 @@ from absl import logging
 
 from tfaccel import _compat
 from tfaccel.compress import prune
-from tfaccel.compress.pruning_layers import pruning_wrappers, tfmot
+from tfaccel.compress.pruning_plan import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import ensure_tf_keras, keras
 from tfaccel.keras.bridge import as_tf_keras
-from tfaccel.performance.precision import apply_precision, precision_scope
+from tfaccel.train.precision import apply_precision, precision_scope
 
 SCHEMES = ("default", "prune_preserve")
 """QAT schemes: TF-MOT's default 8-bit one, or its prune-preserving variant."""

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfaccel import summaries
-from tfaccel.compress.pruning_layers import (
+from tfaccel.compress.pruning_plan import (
     is_pruning_wrapper,
     prunable_weights,
     pruning_step,
@@ -32,7 +32,7 @@ from tfaccel.errors import ConfigError, ModelError
 from tfaccel.io import atomic_path, file_size, gzipped_size
 from tfaccel.keras import keras
 from tfaccel.keras.bridge import as_tf_keras
-from tfaccel.performance.precision import apply_precision
+from tfaccel.train.precision import apply_precision
 
 _PRUNED_ZEROS = 0.01
 """Share of exact zeros above which a kernel of a stripped model counts as pruned."""

@@ -36,6 +36,7 @@ def make_interpreter(model, num_threads=None):
     sparse-encoded int8 weights, for one), the builtin kernels run it instead.
     """
     try:
+        # deferred: LiteRT (ai_edge_litert), only to run a file
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
     except ImportError:  # LiteRT is an optional dependency
         Interpreter, OpResolverType = tf.lite.Interpreter, tf.lite.experimental.OpResolverType

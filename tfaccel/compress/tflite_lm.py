@@ -31,8 +31,10 @@ from tfaccel.data.text import num_windows
 from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import write_bytes
 from tfaccel.keras import ensure_tf_keras
-from tfaccel.performance.precision import apply_precision
+from tfaccel.train.generate import model_context
+from tfaccel.train.gpt import check_sequence_length, gpt_config_of
 from tfaccel.train.language_model import language_model_metrics
+from tfaccel.train.precision import apply_precision
 
 LM_MODES = {"float": "float", "dynamic_range": "dynamic", "dynamic": "dynamic"}
 """Conversion modes of `language_model_tflite` -> the `tfaccel.compress.tflite.MODES` name
@@ -77,7 +79,6 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
       ConfigError: unknown `mode`, or a non-positive `sequence_length`.
       ModelError: `sequence_length` exceeds the model's context, or conversion fails.
     """
-    from tfaccel.train.generate import model_context
 
     if mode not in LM_MODES:
         raise ConfigError(f"unknown language-model TFLite mode {mode!r}: use float or "
@@ -104,8 +105,6 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
 
 
 def _check_fits_context(model, sequence_length):
-    from tfaccel.train.gpt import check_sequence_length, gpt_config_of
-
     if gpt_config_of(model) is not None:
         check_sequence_length(model, sequence_length)
         return

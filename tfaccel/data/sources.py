@@ -87,6 +87,7 @@ def load_digits() -> Splits:
 
     The stratified split is fixed: 1,257 train, 180 validation, 360 test.
     """
+    # deferred: scikit-learn, only for the digits
     from sklearn.datasets import load_digits as _sk_digits
 
     bunch = _sk_digits()
@@ -294,7 +295,7 @@ def load_npz(path, validation_fraction=0.1, test_fraction=0.2, seed=0) -> Splits
 
 def _cut(x, y, fraction, seed):
     """Splits `fraction` of (x, y) off, stratified: returns ((x, y) rest, (x, y) cut)."""
-    from sklearn.model_selection import train_test_split
+    from sklearn.model_selection import train_test_split  # deferred: scikit-learn
 
     stratify = y if np.min(np.bincount(y)) >= 2 else None
     rest, cut = train_test_split(np.arange(len(y)), test_size=fraction, random_state=seed,

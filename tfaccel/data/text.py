@@ -95,6 +95,7 @@ def read_text(data_dir=None):
         (a NUL byte, or bytes that are not UTF-8: the file and the offset are named).
     """
     if data_dir is None:
+        # deferred: pydoc_data's 1 MB of text, only for the default corpus
         from pydoc_data.topics import topics
 
         return "\n".join(topics[k] for k in sorted(topics)), DEFAULT_CORPUS

@@ -25,7 +25,7 @@ def load_tfds(name, data_dir=None, image_size=(64, 64)) -> Splits:
       DataError: tensorflow_datasets is not installed, or the data is not prepared.
     """
     try:
-        import tensorflow_datasets as tfds
+        import tensorflow_datasets as tfds  # deferred: tensorflow_datasets, optional
     except ImportError:
         raise DataError("dataset 'tfds' needs tensorflow_datasets: "
                         "pip install tensorflow-datasets, "

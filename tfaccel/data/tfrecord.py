@@ -51,7 +51,7 @@ def write_image_tfrecords(prefix, images, labels, num_shards=1, image_format="jp
     Returns:
       The list of files written.
     """
-    from PIL import Image
+    from PIL import Image  # deferred: Pillow, only to encode images
 
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     files = [f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]

@@ -1,6 +1,7 @@
 """Distribution: `tf.distribute` strategies from one name, the batch arithmetic and file rules
-that go with them, a local multi-worker launcher, and model/pipeline parallelism (a model's
-layers split into stages on several devices).
+that go with them, and a local multi-worker launcher. (Model and pipeline parallelism live in
+`tfaccel.parallel`, above the planner they use; `tfaccel.distribute.stages` and
+`tfaccel.distribute.pipeline` are aliases of those modules.)
 
 The package's public names are those of its modules, loaded on first use (so
 `tfaccel launch` starts without TensorFlow):
@@ -17,7 +18,7 @@ import warnings
 from tfaccel import _aliases
 
 _MODULES = ("tfaccel.distribute.strategy", "tfaccel.distribute.batching",
-            "tfaccel.distribute.stages", "tfaccel.distribute.pipeline")
+            "tfaccel.parallel.stages", "tfaccel.parallel.pipeline")
 
 
 def _scale_learning_rate_by_replicas(learning_rate, num_replicas):
@@ -29,7 +30,7 @@ def _scale_learning_rate_by_replicas(learning_rate, num_replicas):
     warnings.warn("tfaccel.distribute.scale_learning_rate(lr, num_replicas) is deprecated: use "
                   "tfaccel.scale_learning_rate(lr, num_replicas, base_batch_size=1)",
                   DeprecationWarning, stacklevel=2)
-    from tfaccel.distribute import batching
+    from tfaccel.distribute import batching  # deferred: TensorFlow (batching loads it)
 
     return batching.scale_learning_rate(learning_rate, num_replicas, base_batch_size=1)
 

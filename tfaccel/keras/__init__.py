@@ -23,10 +23,11 @@ Example:
 import os
 import sys
 
+import tensorflow as tf
 import tf_keras as keras
 
 from tfaccel import _aliases, choices
-from tfaccel.errors import ModelError, WrongKerasError
+from tfaccel.errors import ConfigError, ModelError, WrongKerasError
 
 FLAVOURS = choices.KERAS_FLAVOURS
 """The Kerases tfaccel knows: tf_keras (Keras 2, what TF-MOT needs) and Keras 3."""
@@ -77,7 +78,7 @@ def keras3():
       ModelError: Keras 3 is not installed, or `keras` is an old Keras 2.
     """
     try:
-        import keras as keras_3  # the one import of Keras 3 in tfaccel
+        import keras as keras_3  # deferred: Keras 3; the one import of Keras 3 in tfaccel
     except ImportError as e:
         raise ModelError(f"Keras 3 is not installed ({e}): pip install 'keras>=3'") from None
     if not keras_3.__version__.startswith("3."):
@@ -107,7 +108,6 @@ def keras_for(flavour: str):
         return keras
     if flavour == "keras3":
         return keras3()
-    from tfaccel.errors import ConfigError
 
     raise ConfigError(f"unknown Keras {flavour!r}: use one of {', '.join(FLAVOURS)}")
 
@@ -160,12 +160,11 @@ def tfmot():
     module = sys.modules.get("tensorflow_model_optimization")
     if module is not None:
         return module
-    import tensorflow as tf
 
     before = os.environ.get("TF_USE_LEGACY_KERAS")
     getattr(tf.keras, "version", None)  # resolves the lazy tf.keras as the user's setting says
     try:
-        import tensorflow_model_optimization
+        import tensorflow_model_optimization  # deferred: TF-MOT
     finally:
         if before is None:
             os.environ.pop("TF_USE_LEGACY_KERAS", None)

@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras, keras_of
-from tfaccel.performance.precision import scaled_gradients
+from tfaccel.train.precision import scaled_gradients
 
 
 def check_accumulation_steps(steps, batch_size=None, num_replicas=1):

@@ -27,14 +27,93 @@ Example:
 import dataclasses
 import time
 
+import psutil
 import tensorflow as tf
 from absl import logging
 
 from tfaccel import monitor
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import keras
-from tfaccel.performance import budget, memory, precision
+from tfaccel.performance import memory
+from tfaccel.train import precision
 from tfaccel.train.training import compile_classifier
+
+MIN_BUDGET_SECONDS = 60.0
+"""The smallest default budget of a search: enough to time a few settings on a slow machine."""
+BUDGET_SHARE = 0.10
+"""The default budget's share of one epoch, when that is larger than `MIN_BUDGET_SECONDS`."""
+DEFAULT = "default"
+"""`budget_seconds=DEFAULT`: `default_budget_seconds` of the epoch time measured so far."""
+
+
+def default_budget_seconds(epoch_seconds=None):
+    """max(`MIN_BUDGET_SECONDS`, `BUDGET_SHARE` x `epoch_seconds`); 60 s while it is unknown."""
+    return max(MIN_BUDGET_SECONDS, BUDGET_SHARE * (epoch_seconds or 0.0))
+
+
+def resolve_budget(budget_seconds, epoch_seconds=None):
+    """Seconds a search may take: a number as given, `DEFAULT` as `default_budget_seconds`,
+    None as unlimited (inf).
+
+    Raises:
+      ConfigError: a budget that is not positive.
+    """
+    if budget_seconds is None:
+        return float("inf")
+    if budget_seconds == DEFAULT:
+        return default_budget_seconds(epoch_seconds)
+    if isinstance(budget_seconds, bool) or not isinstance(budget_seconds, (int, float)) \
+            or not budget_seconds > 0:
+        raise ConfigError(f"budget_seconds={budget_seconds!r} is not a time budget: give a "
+                          f"number of seconds > 0, {DEFAULT!r} or None (unlimited)")
+    return float(budget_seconds)
+
+
+class _DeadlineTimer(monitor.StepTimer):
+    """A `StepTimer` that ends `fit` after the step during which `deadline` passed."""
+
+    def __init__(self, deadline, clock):
+        super().__init__()
+        self._deadline, self._clock = deadline, clock
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self._clock() >= self._deadline:
+            self.model.stop_training = True  # read by fit after each step
+
+
+def timed_steps(model, dataset, steps, deadline=None, clock=time.perf_counter):
+    """Trains a compiled `model` for up to `steps` steps of `dataset.repeat()`; their seconds.
+
+    Training stops early after the step during which `clock()` passed
+    `deadline` (at least one step always runs). The first step of a call
+    includes tracing (and XLA compilation) for a new input shape. It changes
+    the model's weights: pass a copy.
+
+    Args:
+      model: a compiled tf_keras model.
+      dataset: a batched dataset of `(x, y)`.
+      steps: the most steps to run (>= 1).
+      deadline: a `clock()` value, or None (run all `steps`).
+      clock: the clock `deadline` is on.
+
+    Returns:
+      The wall seconds of each step run, in order (between 1 and `steps` values).
+    """
+    if steps < 1:
+        raise ConfigError(f"steps={steps} must be at least 1")
+    timer = _DeadlineTimer(float("inf") if deadline is None else deadline, clock)
+    model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+    return list(timer.step_seconds)
+
+
+def first_step_batch(batch_size, multiple=1):
+    """The small batch of the first-step check: batch_size / 32 (or the nearest larger
+    fraction of it that is a multiple of `multiple`, e.g. replicas x accumulation steps)."""
+    for divisor in (32, 16, 8, 4, 2):
+        if batch_size % divisor == 0 and (batch_size // divisor) % multiple == 0:
+            return batch_size // divisor
+    return batch_size
 
 OK, OUT_OF_MEMORY, OVER_BUDGET = "ok", "out of memory", "over memory budget"
 NOT_TRIED = "not tried"
@@ -111,7 +190,7 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
     last = None  # (size, seconds) of the last size measured
     for size in candidates:
         epoch = num_examples / best["examples_per_sec"] if best and num_examples else None
-        total = budget.resolve_budget(budget_seconds, epoch)
+        total = resolve_budget(budget_seconds, epoch)
         left = total - (clock() - start)
         needed = last[1] * size / last[0] if last else 0.0
         if last and needed > left:
@@ -160,7 +239,7 @@ def search_batch_size(measure, candidates, memory_budget_mb=None, patience=2,
     epoch = num_examples / best["examples_per_sec"] if num_examples else None
     return BatchSizeResult(batch_size=best["batch_size"], table=tuple(table),
                            seconds=clock() - start,
-                           budget_seconds=budget.resolve_budget(budget_seconds, epoch),
+                           budget_seconds=resolve_budget(budget_seconds, epoch),
                            stopped=stopped)
 
 
@@ -202,7 +281,6 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
 
 def default_memory_budget_mb():
     """On CPU: current RSS plus half the memory still available; None with GPUs (OOM decides)."""
-    import psutil
 
     if memory.gpu_devices():
         return None
@@ -211,7 +289,7 @@ def default_memory_budget_mb():
 
 def find_batch_size(model, dataset, compile_fn=None, start=16, max_batch_size=1024,
                     memory_budget_mb="default", patience=2, warmup=2, steps=5,
-                    budget_seconds=budget.DEFAULT, num_examples=None, fits=None):
+                    budget_seconds=DEFAULT, num_examples=None, fits=None):
     """Searches growing batch sizes on the real model and data (see module doc).
 
     Args:

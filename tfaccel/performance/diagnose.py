@@ -27,7 +27,7 @@ import time
 
 import tensorflow as tf
 
-from tfaccel import _compat
+from tfaccel import _compat, summaries
 from tfaccel.errors import ConfigError
 
 INPUT_BOUND = "input-bound"
@@ -223,7 +223,6 @@ def diagnose_input(model, dataset, *, config=None, num_batches=20, warmup=3, rep
 
 def write_diagnosis(logdir, diagnosis, step=0):
     """Writes the diagnosis to TensorBoard: the summary as text, both rates as scalars."""
-    from tfaccel import summaries
 
     summaries.write_text(logdir, "input_diagnosis", diagnosis.summary(), step=step)
     summaries.write_scalars(logdir, {

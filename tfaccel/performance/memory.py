@@ -30,6 +30,7 @@ import gc
 import os
 import re
 
+import psutil
 import tensorflow as tf
 from absl import logging
 
@@ -209,7 +210,6 @@ def _proc_status_mb(field):
 
 def rss_mb():
     """Resident memory of this process now, in MB."""
-    import psutil
 
     return psutil.Process().memory_info().rss / _MB
 

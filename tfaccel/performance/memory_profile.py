@@ -37,6 +37,7 @@ import dataclasses
 import math
 
 from tfaccel import choices
+from tfaccel.choices import MODELS
 from tfaccel.errors import ConfigError, ModelError
 
 _HALF = ("float16", "bfloat16")
@@ -116,7 +117,7 @@ _OUTPUT_ACTIVATIONS = ("relu", "softmax", "sigmoid", "tanh", "elu", "relu6")
 
 
 def _activation_name(layer):
-    from tfaccel.keras import keras
+    from tfaccel.keras import keras  # deferred: tf_keras (tfaccel.keras loads it)
 
     activation = getattr(layer, "activation", None)
     if activation is None:
@@ -209,6 +210,7 @@ def profile_keras_model(model):
       ModelError: the model is not built, is subclassed (no layer graph to walk), or has
         an output of unknown size.
     """
+    # deferred: tf_keras (tfaccel.keras loads it)
     from tfaccel.keras import bridge, is_keras3_object, keras
 
     model = bridge.as_tf_keras(model) if is_keras3_object(model) else model
@@ -254,8 +256,7 @@ def profile_keras_model(model):
 
 def profile_zoo_model(name, input_shape, num_classes, precision="float32"):
     """Builds zoo model `name` under `precision` and profiles it (`profile_keras_model`)."""
-    from tfaccel.performance import precision as precisions
-    from tfaccel.train import models
+    from tfaccel.train import models, precision as precisions  # deferred: TensorFlow
 
     with precisions.precision_scope(precision):
         model = models.build_model(name, tuple(input_shape), num_classes)
@@ -272,14 +273,11 @@ def profile_of(model, input_shape=None, num_classes=None, precision="float32"):
     if isinstance(model, MemoryProfile):
         return model
     if isinstance(model, str):
-        from tfaccel.choices import MODELS
-
         if model in MODELS:
             if input_shape is None or num_classes is None:
                 raise ModelError(f"zoo model {model!r}: give input_shape and num_classes")
             return profile_zoo_model(model, input_shape, num_classes, precision)
-        from tfaccel.performance import precision as precisions
-        from tfaccel.train import models
+        from tfaccel.train import models, precision as precisions  # deferred: TensorFlow
 
         with precisions.precision_scope(precision):
             loaded = models.load_model_file(model)

@@ -31,15 +31,137 @@ Example:
 """
 
 import dataclasses
+import re
 
+from tfaccel import doctor
+from tfaccel.choices import OPTIMIZERS, PRECISIONS
 from tfaccel.errors import ConfigError
-from tfaccel.performance.devices import (  # noqa: F401 (part of the plan's interface)
-    DEVICES,
-    GB,
-    GiB,
-    parse_device_memory,
-)
-from tfaccel.performance.plan_settings import FRAMEWORK_MARGIN, SLOTS, PlanSettings  # noqa: F401
+from tfaccel.performance import memory_profile
+
+GB = 10**9
+GiB = 2**30
+DEVICES = {
+    "rtx3060": 12, "rtx3080": 10, "rtx3090": 24, "rtx4080": 16, "rtx4090": 24, "rtx5090": 32,
+    "t4": 16, "v100-16gb": 16, "v100-32gb": 32, "a10": 24, "l4": 24, "a6000": 48, "l40s": 48,
+    "a100-40gb": 40, "a100-80gb": 80, "h100-80gb": 80, "h200": 141,
+}
+"""Memory of each card by name, in GiB as sold."""
+_UNITS = {"": GiB, "b": 1, "kb": 2**10, "mb": 2**20, "gb": GiB, "tb": 2**40}
+
+
+def parse_device_memory(text):
+    """Bytes of '24GB', '24 GiB', '16000MB' or a card name from `DEVICES` ('rtx4090').
+
+    Device memory is read the way cards are sold and `nvidia-smi` counts it: GB and GiB
+    both mean 2**30 bytes (a "24 GB" RTX 4090 has 24,564 MiB), MB and MiB 2**20; a bare
+    number is GB. Plans print sizes in GB of 10**9 bytes, as the ZeRO paper counts.
+
+    Raises:
+      ConfigError: an unknown card or a malformed size.
+    """
+    value = str(text).strip().lower()
+    if value in DEVICES:
+        return DEVICES[value] * GiB
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([kmgt])?i?(b)?", value)
+    if not match or float(match.group(1)) <= 0:
+        raise ConfigError(f"device memory {text!r} is neither a size (24GB, 24GiB, 16000MB) "
+                          f"nor a card ({', '.join(DEVICES)})")
+    unit = (match.group(2) or "") + ("b" if match.group(2) else (match.group(3) or ""))
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def host_memory_available():
+    """Bytes of RAM available to new allocations (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_device_memory():
+    """(bytes, what) of the device a run trains on: the first GPU's memory (nvidia-smi), else
+    the host's available RAM; (None, why) when neither is known."""
+
+    gpus = [g for g in doctor.gpus() if g.get("memory_total_mb")]
+    if gpus:
+        return gpus[0]["memory_total_mb"] * 2**20, f"GPU 0 ({gpus[0]['name']})"
+    available = host_memory_available()
+    if available:
+        return available, "the host's available RAM (no GPU)"
+    return None, "no GPU and no /proc/meminfo"
+
+
+SLOTS = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2, "rmsprop": 1}
+"""Optimizer slot variables per parameter (float32), as Keras's optimizers make them."""
+FRAMEWORK_MARGIN = 0.05
+"""Share of the device kept free for the framework, kernels' workspace and fragmentation."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSettings:
+    """The run's settings a memory plan depends on.
+
+    Attributes:
+      batch_size: examples per device per optimizer step (the per-replica batch).
+      precision: float32, mixed_float16 or mixed_bfloat16.
+      optimizer: one of `SLOTS`.
+      grad_accum_steps: the batch is computed as this many micro-batches, one at a time.
+      recompute: recompute activations in the backward pass (per block or layer).
+      replicas: data-parallel replicas (each holds the whole model: no ZeRO in TensorFlow).
+      stages: pipeline stages (the layers split into this many consecutive parts, one per
+        device); micro_batches: how many micro-batches a pipeline splits the batch into.
+      device_memory: bytes, or a string for `parse_device_memory`; None: no verdict.
+      margin: the share of the device kept for the framework (`FRAMEWORK_MARGIN`).
+      input_batches: input batches alive at once: 3 for a tf.data pipeline (the batch in
+        use, the prefetch buffer, the next one being made); 1 for a constant input.
+    """
+
+    batch_size: int = 32
+    precision: str = "float32"
+    optimizer: str = "adam"
+    grad_accum_steps: int = 1
+    recompute: bool = False
+    replicas: int = 1
+    stages: int = 1
+    micro_batches: int = 1
+    device_memory: object = None
+    margin: float = FRAMEWORK_MARGIN
+    input_batches: int = 3
+
+    def checked(self, num_layers=None):
+        """These settings, validated (device memory in bytes).
+
+        Raises:
+          ConfigError: one line naming the bad setting and the fix.
+        """
+        for label in ("batch_size", "grad_accum_steps", "replicas", "stages", "micro_batches",
+                      "input_batches"):
+            value = getattr(self, label)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{label}={value!r}: must be a positive integer")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r}: use one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in SLOTS:
+            raise ConfigError(f"optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZERS)}")
+        if self.grad_accum_steps > self.batch_size:
+            raise ConfigError(f"grad_accum_steps={self.grad_accum_steps} is larger than "
+                              f"batch_size={self.batch_size}: each micro-batch needs an example")
+        if self.micro_batches > self.batch_size:
+            raise ConfigError(f"micro_batches={self.micro_batches} is larger than "
+                              f"batch_size={self.batch_size}")
+        if num_layers is not None and self.stages > num_layers:
+            raise ConfigError(f"stages={self.stages} is more than the model's {num_layers} "
+                              "layers: use at most one stage per layer")
+        if not 0 <= self.margin < 1:
+            raise ConfigError(f"margin={self.margin}: a share of the device in [0, 1)")
+        memory = self.device_memory
+        if memory is not None and not isinstance(memory, int):
+            memory = parse_device_memory(memory)
+        return dataclasses.replace(self, device_memory=memory)
 
 MODEL_STATES = ("weights (float32)", "gradients (float32)", "optimizer slots",
                 "16-bit weight casts", "accumulated gradients")
@@ -251,7 +373,6 @@ def plan_memory(profile, settings=None, **kwargs):
     Raises:
       ConfigError: bad settings (`PlanSettings.checked`).
     """
-    from tfaccel.performance import memory_profile
 
     shape, classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
     settings = settings or PlanSettings(**kwargs)
@@ -311,6 +432,7 @@ def format_plan(result):
 def write_plan(logdir, result, tag="memory/plan", path=None):
     """Logs `result` to TensorBoard under `logdir`: the plan as text and a stacked-bar chart
     (also written to `path` when given). Returns the text."""
+    # deferred: TensorFlow and matplotlib, only to write a report
     from tfaccel import plots, summaries
 
     text = format_plan(result)

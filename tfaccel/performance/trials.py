@@ -31,7 +31,7 @@ from absl import logging
 
 from tfaccel.choices import PRECISIONS
 from tfaccel.errors import ConfigError
-from tfaccel.performance import budget, memory, precision
+from tfaccel.performance import batch_search, memory
 from tfaccel.performance.batch_search import (  # noqa: F401 (their old home: tfaccel.batch_size)
     NOT_TRIED,
     OK,
@@ -45,6 +45,7 @@ from tfaccel.performance.batch_search import (  # noqa: F401 (their old home: tf
     measure_batch_size,
     search_batch_size,
 )
+from tfaccel.train import precision
 
 BASELINE = ("float32", False)
 """The setting `auto_select` compares against and falls back to."""
@@ -99,12 +100,12 @@ class _Search:
         self.measure, self.baseline, self.clock = measure, baseline, clock
         self.settings, self.budget_seconds = settings, budget_seconds
         self.steps_per_epoch, self.start, self.rows = steps_per_epoch, clock(), {}
-        budget.resolve_budget(budget_seconds)  # a bad budget fails before any trial
+        batch_search.resolve_budget(budget_seconds)  # a bad budget fails before any trial
 
     def total(self):
         timing = self.rows.get(self.baseline, {}).get("timing")
         epoch = self.steps_per_epoch * timing if self.steps_per_epoch and timing else None
-        return budget.resolve_budget(self.budget_seconds, epoch)
+        return batch_search.resolve_budget(self.budget_seconds, epoch)
 
     def left(self, key):
         return self.total() / self.settings - self.rows[key]["seconds"]
@@ -130,7 +131,7 @@ class _Search:
 def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), batch_size=None,
                     warmup=2, steps=8, rounds=3, drop_slower_than=3.0, first_steps=2,
                     first_step_slower_than=10.0, min_speedup=MIN_SPEEDUP,
-                    budget_seconds=budget.DEFAULT, steps_per_epoch=None, advice=None,
+                    budget_seconds=batch_search.DEFAULT, steps_per_epoch=None, advice=None,
                     clock=time.perf_counter):
     """The precision/XLA search of `auto_select` around any `measure` function.
 
@@ -169,7 +170,7 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
       warmup, steps, rounds, drop_slower_than, first_steps,
         first_step_slower_than: see above.
       min_speedup: see `choose_fastest`.
-      budget_seconds: the trials' wall-clock budget: seconds, `budget.DEFAULT`
+      budget_seconds: the trials' wall-clock budget: seconds, `batch_search.DEFAULT`
         (10% of one epoch of `steps_per_epoch` baseline steps, or 60 s,
         whichever is larger) or None (unlimited).
       steps_per_epoch: training steps per epoch, for the default budget.
@@ -293,8 +294,8 @@ class _CopyTrials:
         if key not in self.copies:  # same weights; `model` itself is untouched
             self.copies[key] = precision.apply_precision(self.model, key[0], copy=True)
             self.compile_fn(self.copies[key], *key)
-        return budget.timed_steps(self.copies[key], self.small if kind == FIRST else self.dataset,
-                                  steps, deadline)
+        data = self.small if kind == FIRST else self.dataset
+        return batch_search.timed_steps(self.copies[key], data, steps, deadline)
 
     def release(self, key):
         """Forgets the copy of `key` (None: all of them, and frees Keras's memory)."""
@@ -306,7 +307,7 @@ class _CopyTrials:
 
 
 def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(False, True),
-                compile_fn=None, budget_seconds=budget.DEFAULT, steps_per_epoch=None,
+                compile_fn=None, budget_seconds=batch_search.DEFAULT, steps_per_epoch=None,
                 batch_multiple=1, gpus=None, cpu_flags=None, **search):
     """Times precision and XLA settings on `model` and `dataset`, and keeps the fastest.
 
@@ -328,7 +329,7 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
       compile_fn: `fn(model, precision, jit_compile)` compiling a copy as training
         will (default: classifier loss, Adam, loss scaling for float16).
       budget_seconds, steps_per_epoch: the time budget (see `search_settings`).
-      batch_multiple: the first steps' small batch (`budget.first_step_batch`) is a
+      batch_multiple: the first steps' small batch (`batch_search.first_step_batch`) is a
         multiple of this (replicas x gradient accumulation steps).
       gpus, cpu_flags: the hardware `precision_advice` describes in the notes
         of the settings that lost (default: this machine's).
@@ -339,7 +340,7 @@ def auto_select(model, dataset, batch_size, precisions=PRECISIONS, jit_options=(
       An `AutoChoice` whose table lists every setting tried, and why any was dropped.
     """
     trials = _CopyTrials(model, dataset, compile_fn or default_compile,
-                         budget.first_step_batch(batch_size, batch_multiple))
+                         batch_search.first_step_batch(batch_size, batch_multiple))
     return search_settings(
         trials, precisions, jit_options, batch_size, budget_seconds=budget_seconds,
         steps_per_epoch=steps_per_epoch, **search,

@@ -22,6 +22,7 @@ import json
 import os
 import time
 
+from tfaccel import distribute
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras3
 from tfaccel.train.backup_timing import Backup, EpochBackups, parse_backup_freq
@@ -35,8 +36,6 @@ _CLASSES = {}
 def _backup_class():
     """Keras3Backup, made on first call (importing this module imports no Keras 3)."""
     if "backup" not in _CLASSES:
-        from tfaccel import distribute
-
         class Keras3Backup(EpochBackups, keras3().callbacks.BackupAndRestore):
             """Keras 3's BackupAndRestore at tfaccel's epoch-end moments (see the module)."""
 

@@ -25,8 +25,11 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from tfaccel.data.text import load_vocabulary
 from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import atomic_path
+from tfaccel.keras import keras
+from tfaccel.train.gpt import gpt_config_of
 
 MODEL_FILE = "model.keras"
 VOCABULARY_FILE = "vocabulary.json"
@@ -49,7 +52,6 @@ def model_context(model, context=None):
         if int(context) < 1:
             raise ConfigError(f"context={context}: give a positive number of tokens")
         return int(context)
-    from tfaccel.train.gpt import gpt_config_of
 
     config = gpt_config_of(model)
     if config is not None:
@@ -217,9 +219,6 @@ def load_language_model(directory):
     Raises:
       ModelError: a file is missing or unreadable, or the two do not match.
     """
-    from tfaccel.data.text import load_vocabulary
-    from tfaccel.keras import keras
-    from tfaccel.train import gpt  # noqa: F401  (registers the GPT's custom layers)
 
     directory = os.fspath(directory)
     missing = [name for name in (MODEL_FILE, VOCABULARY_FILE)

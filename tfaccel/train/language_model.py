@@ -25,6 +25,7 @@ import math
 
 from tfaccel import summaries
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.train.generate import generate
 
 UNITS = {"char": "char", "byte": "byte"}  # tokenizer -> what one token is
 
@@ -101,8 +102,6 @@ class SampleLogger(keras.callbacks.Callback):
         self.samples = []
 
     def on_epoch_end(self, epoch, logs=None):
-        from tfaccel.train.generate import generate
-
         text = generate(self.model, self.vocab, self.prompt, self.max_new_tokens,
                         temperature=self.temperature, top_k=self.top_k, seed=self.seed)
         self.samples.append({"epoch": epoch + 1, "text": text})

@@ -14,13 +14,19 @@ Example:
 
 import importlib
 import inspect
+import json
 import os
 import traceback
+import zipfile
+
+import numpy as np
 
 from tfaccel import _compat
 from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError, first_line
-from tfaccel.keras import flavour_of, keras, keras_for
+from tfaccel.keras import bridge, flavour_of, keras, keras_for
+from tfaccel.train.precision import precision_scope
+from tfaccel.train.schedules import keras3_schedule_class
 
 MODEL_FILE_HINT = "a .keras/.h5 file or a SavedModel directory"
 
@@ -135,13 +141,10 @@ def load_model_file(path, compile=False):
     if not os.path.exists(path):
         raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
                          f"or one of {', '.join(MODELS)}")
-    import tfaccel.train.schedules  # noqa: F401 -- registers the schedules a saved optimizer may hold
 
     saved_by = _keras_version_of(path)
     by_keras3 = bool(saved_by) and not saved_by.startswith("2.")
     if by_keras3:
-        from tfaccel.train.schedule_bridge import keras3_schedule_class
-
         keras3_schedule_class()  # registers it: a saved Keras 3 optimizer may hold one
     loader = keras_for("keras3" if by_keras3 else "tf_keras")
     try:
@@ -164,7 +167,6 @@ def as_flavour(model, flavour, what="model"):
     """
     if flavour is None or flavour_of(model) == flavour:
         return model
-    from tfaccel.keras import bridge
 
     try:
         return (bridge.to_keras3 if flavour == "keras3" else bridge.to_tf_keras)(model)
@@ -175,8 +177,6 @@ def as_flavour(model, flavour, what="model"):
 
 def _keras_version_of(path):
     """The Keras version that wrote a .keras file (from its metadata.json), else None."""
-    import json
-    import zipfile
 
     if not (os.path.isfile(path) and zipfile.is_zipfile(path)):
         return None
@@ -269,8 +269,6 @@ def check_model_fits(model, input_shape, num_classes):
 
 
 def _check_subclassed_fits(model, input_shape, num_classes):
-    import numpy as np
-
     try:
         out = model(np.zeros((1, *input_shape), np.float32))
     except Exception as e:  # the user's call(): any exception
@@ -298,8 +296,6 @@ def resolve_model(model, input_shape, num_classes, model_fn=None, keras=None):
     elif is_model_path(model):
         built = as_flavour(load_model_file(model), keras)
     elif keras == "keras3":
-        from tfaccel.performance.precision import precision_scope
-
         with precision_scope("float32"):
             built = as_flavour(build_model(model, input_shape, num_classes), keras)
     else:

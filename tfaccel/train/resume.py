@@ -31,6 +31,7 @@ import tensorflow as tf
 from tfaccel import _compat
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.train.backup_keras3 import keras3_backup_callbacks, read_keras3_backup
 from tfaccel.train.backup_timing import Backup, EpochBackups, parse_backup_freq
 
 __all__ = ["parse_backup_freq", "Backup", "ResumeReporter", "EpochCounter", "read_backup",
@@ -136,8 +137,6 @@ def read_backup(backup_dir):
     """
     found = _compat.latest_backup(backup_dir)
     if found is None:
-        from tfaccel.train.backup_keras3 import read_keras3_backup
-
         return read_keras3_backup(backup_dir)
     latest, epoch, batch = found
     return Backup(latest, epoch + 1, batch + 1 if batch >= 0 else None)
@@ -229,8 +228,6 @@ def backup_callbacks(backup_dir, backup_freq="epoch", epochs=None, printer=print
         raise ConfigError("backup_dir is empty: give a directory for the backups")
     backup_dir = os.fspath(backup_dir)
     if flavour == "keras3":
-        from tfaccel.train.backup_keras3 import keras3_backup_callbacks
-
         return keras3_backup_callbacks(backup_dir, backup_freq, epochs, printer,
                                        delete_after_fit, weights_path)
     return [PeriodicBackup(backup_dir, backup_freq, delete_checkpoint=delete_after_fit,

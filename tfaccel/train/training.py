@@ -19,11 +19,14 @@ import json
 import math
 import os
 
-from tfaccel import _compat
+from tfaccel import _compat, distribute
 from tfaccel.choices import OPTIMIZERS
 from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.io import atomic_path
 from tfaccel.keras import keras, keras_for, keras_of
+from tfaccel.summaries import current_learning_rate
+from tfaccel.train import resume
+from tfaccel.train.schedules import for_keras
 
 
 def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip_norm=None,
@@ -54,8 +57,6 @@ def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip
         options["gradient_accumulation_steps"] = int(accumulation_steps)
     keras = keras_for(flavour)
     if flavour == "keras3":
-        from tfaccel.train.schedule_bridge import for_keras
-
         learning_rate = for_keras(learning_rate, "keras3", accumulation_steps or 1)
     if name == "sgd":
         return keras.optimizers.SGD(learning_rate, **options)
@@ -152,8 +153,6 @@ def settle_finished_run(model_dir, backup_dir, strategy, retrain=False,
     removes the backup a kill after metrics.json left behind, and under `retrain` that
     metrics file too, before any worker could restore the stale backup.
     """
-    from tfaccel import distribute
-    from tfaccel.train import resume
 
     finished = read_finished_run(model_dir, artifacts=artifacts)
     distribute.barrier(strategy)  # every worker has read it before the chief may change it
@@ -251,8 +250,6 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
                 raise TrainingError(self._message(value, batch, first))
 
     def _message(self, loss, batch, first):
-        from tfaccel.summaries import current_learning_rate
-
         where = f"epoch {self._epoch + 1}, step {batch + 1}"
         try:
             rate = f"learning rate {current_learning_rate(self.model.optimizer):g}"

@@ -3,7 +3,7 @@
 TensorFlow has no Keras API for either (`keras.distribution` runs on JAX and
 PyTorch only), so tfaccel runs the model's layer graph itself. `pipeline_parallel`
 splits a Sequential or functional tf_keras model into consecutive stages
-(`tfaccel.distribute.stages`), makes each stage's variables on its own device and
+(`tfaccel.parallel.stages`), makes each stage's variables on its own device and
 returns a `PipelineModel`, a Keras model to `compile` and `fit` as before:
 
 - each training step splits the batch into `micro_batches` (M) parts; stage k runs
@@ -25,7 +25,7 @@ save, evaluate or convert that.
 Example:
 
     import tfaccel
-    from tfaccel.distribute import pipeline
+    from tfaccel.parallel import pipeline
 
     tfaccel.split_cpu(2)                      # two logical CPUs, before TensorFlow starts
     model = tfaccel.build_model("cnn", (8, 8, 1), 10)
@@ -39,9 +39,9 @@ import contextlib
 import tensorflow as tf
 
 from tfaccel import _compat, choices
-from tfaccel.distribute import stages as stages_lib
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
+from tfaccel.parallel import stages as stages_lib
 
 __all__ = ["PARALLEL_MODES", "PipelineModel", "pipeline_parallel", "model_parallel",
            "parallel_devices"]

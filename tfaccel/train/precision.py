@@ -17,7 +17,7 @@ Measuring which precision and XLA setting is fastest (the recipes'
 
 Example:
 
-    from tfaccel.performance import precision
+    from tfaccel.train import precision
     from tfaccel.train import training
 
     precision.set_precision("mixed_float16")

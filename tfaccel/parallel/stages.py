@@ -1,6 +1,6 @@
 """A model's layers split into consecutive stages, one per device, and the table that shows it.
 
-Model and pipeline parallelism (`tfaccel.distribute.pipeline`) run a Sequential
+Model and pipeline parallelism (`tfaccel.parallel.pipeline`) run a Sequential
 or functional tf_keras model as K stages: stage k holds a consecutive run of the
 model's layers (in an order that can run them) and lives on device k. Stages are
 cut where the user names a layer (each named layer starts a stage) or balanced
@@ -12,7 +12,7 @@ connection spanning it) is passed along by that stage, and the table says so.
 
 Example:
 
-    from tfaccel.distribute import stages
+    from tfaccel.parallel import stages
     from tfaccel.train.models import build_model
 
     plan = stages.plan_stages(build_model("cnn", (8, 8, 1), 10), num_stages=2,
@@ -25,6 +25,8 @@ import dataclasses
 from tfaccel import _compat, choices
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.performance import memory_profile, plan
+from tfaccel.performance.plan import PlanSettings, bubble_fraction
 
 __all__ = ["BALANCES", "Stage", "StagePlan", "plan_stages", "check_splittable", "layer_order",
            "balanced_cuts", "cuts_at", "live_tensors"]
@@ -58,7 +60,6 @@ class StagePlan:
     @property
     def bubble_fraction(self):
         """GPipe's idle share of a schedule, (K - 1) / (M + K - 1)."""
-        from tfaccel.performance.plan import bubble_fraction
 
         return bubble_fraction(len(self.stages), self.micro_batches)
 
@@ -158,7 +159,6 @@ def _memory_per_layer(model, settings, balance):
     """{layer name: estimated bytes} from the memory planner, or {} without settings."""
     if settings is None:
         return {}, None
-    from tfaccel.performance import memory_profile, plan
 
     try:
         profile = memory_profile.profile_keras_model(model)
@@ -191,7 +191,6 @@ def plan_stages(model, num_stages=None, boundaries=None, devices=None, balance="
     Raises:
       ConfigError / ModelError: one line naming the problem and the fix.
     """
-    from tfaccel.performance.plan_settings import PlanSettings
 
     names = layer_order(model)
     if balance not in BALANCES:
@@ -235,7 +234,6 @@ def plan_stages(model, num_stages=None, boundaries=None, devices=None, balance="
 def _stage_memory(profiled, group, settings, first):
     if profiled is None:
         return None
-    from tfaccel.performance import plan
 
     profile, by_name = profiled
     layers = [by_name[n] for n in group if n in by_name]
