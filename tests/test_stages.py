@@ -6,6 +6,7 @@ from test_pipeline_parallel import residual_model
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import keras
 from tfaccel.parallel import stages
+from tfaccel.performance import memory_profile, plan
 from tfaccel.train.models import build_model
 
 DEVICES = [f"/CPU:{i}" for i in range(8)]
@@ -13,6 +14,26 @@ DEVICES = [f"/CPU:{i}" for i in range(8)]
 
 def zoo(name):
     return build_model(name, (8, 8, 1), 10)
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp", "resnet", "mobilenet_v2"])
+@pytest.mark.parametrize("num_stages", [2, 3, 4])
+def test_the_plan_prices_the_split_the_pipeline_makes(name, num_stages):
+    model = build_model(name, (32, 32, 3), 10)
+    pipeline = [list(s.layers) for s in
+                stages.plan_stages(model, num_stages=num_stages, devices=DEVICES).stages]
+    profile = memory_profile.profile_keras_model(model)
+    order = stages.layer_order(model)
+    planned = [[layer.name for layer in group if not layer.is_input]
+               for group in plan.split_stages(profile.layers, num_stages)]
+    assert all(n in order for group in planned for n in group)
+    assert pipeline == planned
+
+
+def test_one_balancing_rule_for_the_issue_example():
+    # Kernel sizes [320, 9248, 0, 0, 102464, 1290] in 2 stages: 9,568 | 103,754 for both.
+    assert plan.balanced_cuts([320, 9248, 0, 0, 102464, 1290], 2) == [2]
+    assert stages.balanced_cuts is plan.balanced_cuts
 
 
 def test_named_boundaries_split_exactly_there():

@@ -26,7 +26,11 @@ from tfaccel import _compat, choices
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.keras import ensure_tf_keras, keras
 from tfaccel.performance import memory_profile, plan
-from tfaccel.performance.plan import PlanSettings, bubble_fraction
+from tfaccel.performance.plan import (  # balanced_cuts: the one rule, also this module's name
+    PlanSettings,
+    balanced_cuts as balanced_cuts,
+    bubble_fraction,
+)
 
 __all__ = ["BALANCES", "Stage", "StagePlan", "plan_stages", "check_splittable", "layer_order",
            "balanced_cuts", "cuts_at", "live_tensors"]
@@ -113,23 +117,6 @@ def layer_order(model):
         raise ModelError(f"model {model.name!r} holds nested models: flatten it first with "
                          "tfaccel.flatten_model(model)")
     return [layer.name for layer, *_ in check_splittable(model)]
-
-
-def balanced_cuts(weights, num_stages):
-    """Indices where stages 1..K-1 start: each cut where the running sum of `weights` is
-    nearest to k/K of the total (so each stage is within the largest weight of equal)."""
-    total = float(sum(weights))
-    prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + w)
-    cuts, last = [], 0
-    for k in range(1, num_stages):
-        target = total * k / num_stages
-        lo, hi = last + 1, len(weights) - (num_stages - k)  # every stage keeps a layer
-        cut = min(range(lo, hi + 1), key=lambda j: (abs(prefix[j] - target), j))
-        cuts.append(cut)
-        last = cut
-    return cuts
 
 
 def cuts_at(names, boundaries):

@@ -57,6 +57,7 @@ class LayerMemory:
     activation_bytes: int  # kept for the backward pass, per example
     output_bytes: int  # its output alone, per example (the backward's transient size)
     recompute_boundary_bytes: int = 0  # kept per example under recomputation (the input)
+    is_input: bool = False  # the model's input (or its cast): on the first stage, no stage's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,12 +244,14 @@ def profile_keras_model(model):
                 readers = None  # a nested model's output: its reader is outside
             kept, out = layer_activation_bytes(layer, half, readers)
             n = calls.get(layer.name, 1)
-            layers.append(LayerMemory(layer.name, layer.count_params(), n * kept, out))
+            layers.append(LayerMemory(layer.name, layer.count_params(), n * kept, out,
+                                      is_input=type(layer).__name__ == "InputLayer"))
 
     walk(model)
     input_bytes = sum(_elements(t.shape) * 4 for t in inputs)
     if half:  # the first layer's cast of the input
-        layers.insert(0, LayerMemory("input cast", 0, input_bytes // 2, input_bytes // 2))
+        layers.insert(0, LayerMemory("input cast", 0, input_bytes // 2, input_bytes // 2,
+                                     is_input=True))
     trainable = sum(int(math.prod(w.shape)) for w in model.trainable_weights)
     non_trainable = sum(int(math.prod(w.shape)) for w in model.non_trainable_weights)
     return MemoryProfile(model.name, tuple(layers), trainable, non_trainable, input_bytes, half)

@@ -187,22 +187,39 @@ class MemoryPlan:
         return out
 
 
-def _split_stages(layers, stages):
-    """Consecutive layer groups balanced by parameters (each non-empty)."""
-    if stages <= 1:
-        return [list(layers)]
-    total = sum(layer.parameters for layer in layers) or 1
-    groups, current, done = [], [], 0
-    for i, layer in enumerate(layers):
-        current.append(layer)
-        done += layer.parameters
-        left_layers, left_groups = len(layers) - i - 1, stages - len(groups) - 1
-        if left_groups and (done >= total * (len(groups) + 1) / stages
-                            or left_layers == left_groups):
-            groups.append(current)
-            current = []
-    groups.append(current)
-    return [g for g in groups if g]
+def balanced_cuts(weights, num_stages):
+    """Indices where stages 1..K-1 start: each cut where the running sum of `weights` is
+    nearest to k/K of the total (so each stage is within the largest weight of equal).
+
+    The one stage-balancing rule: the pipeline (`tfaccel.parallel.stages`) cuts a model with
+    it and the plan prices the same cuts, so `tfaccel plan --stages=K` answers for the split
+    `--parallel=pipeline --stages=K` makes. A tie goes to the earlier cut.
+    """
+    total = float(sum(weights))
+    prefix = [0.0]
+    for w in weights:
+        prefix.append(prefix[-1] + w)
+    cuts, last = [], 0
+    for k in range(1, num_stages):
+        target = total * k / num_stages
+        lo, hi = last + 1, len(weights) - (num_stages - k)  # every stage keeps a layer
+        cut = min(range(lo, hi + 1), key=lambda j: (abs(prefix[j] - target), j))
+        cuts.append(cut)
+        last = cut
+    return cuts
+
+
+def split_stages(layers, stages):
+    """`layers` (`LayerMemory`s) as consecutive groups balanced by parameters, cut by
+    `balanced_cuts` over the layers the pipeline splits (as it cuts the model); the model's
+    inputs go with the first stage."""
+    inputs = [layer for layer in layers if layer.is_input]
+    layers = [layer for layer in layers if not layer.is_input]
+    if stages <= 1 or len(layers) < stages:
+        return [inputs + layers]
+    cuts = balanced_cuts([layer.parameters for layer in layers], stages)
+    groups = [layers[a:b] for a, b in zip([0, *cuts], [*cuts, len(layers)])]
+    return [inputs + groups[0], *groups[1:]]
 
 
 def stage_breakdown(profile, layers, s, first):
@@ -241,7 +258,7 @@ def stage_breakdown(profile, layers, s, first):
 def breakdown(profile, settings):
     """The busiest device's bytes by kind (see `plan_memory`), before the framework margin."""
     s = settings
-    stages = _split_stages(profile.layers, s.stages)
+    stages = split_stages(profile.layers, s.stages)
     parts = [stage_breakdown(profile, layers, s, i == 0) for i, layers in enumerate(stages)]
     return max(parts, key=lambda p: sum(p.values()))
 
