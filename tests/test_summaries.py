@@ -61,13 +61,19 @@ def test_callbacks_log_throughput_and_learning_rate(tmp_path, flavour):
     model.compile(keras.optimizers.SGD(schedule), "sparse_categorical_crossentropy")
     x = np.zeros((40, 4), np.float32)
     y = np.zeros((40,), np.int64)
-    throughput = summaries.ThroughputLogger(tmp_path, global_batch_size=8)
+    throughput = summaries.ThroughputLogger(tmp_path, global_batch_size=8,
+                                            flops_per_example=1e6, peak_flops=1e10)
     lr = summaries.LearningRateLogger(tmp_path, every_n_steps=2)
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0,
                         callbacks=[throughput, lr, summaries.TensorBoard(tmp_path / "tb")])
     scalars = summaries.read_scalars(str(tmp_path))
     assert [s for s, _ in scalars["epoch_examples_per_sec"]] == [0, 1]
     assert all(v > 0 for _, v in scalars["epoch_examples_per_sec"])
+    for (_, rate), (_, mfu), (_, tflops) in zip(scalars["epoch_examples_per_sec"],
+                                                scalars["epoch_mfu"],
+                                                scalars["epoch_model_tflops_per_sec"]):
+        assert mfu == pytest.approx(rate * 1e6 / 1e10, rel=1e-5)
+        assert tflops == pytest.approx(rate * 1e6 / 1e12, rel=1e-5)
     # One event per step: epoch ends (steps 5, 10) that fall on a period are not logged twice.
     assert [step for step, _ in scalars["learning_rate"]] == [2, 4, 5, 6, 8, 10]
     logged = dict(scalars["learning_rate"])

@@ -87,6 +87,9 @@ _EXPORTS = {
     "tfaccel.performance.trials": ["auto_select", "choose_fastest"],
     "tfaccel.performance.batch_search": ["find_batch_size", "search_batch_size"],
     "tfaccel.performance.accumulate": ["enable_gradient_accumulation"],
+    "tfaccel.performance.utilization": [
+        "training_flops_per_example", "transformer_flops_per_token", "mfu",
+    ],
     "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan", "PlanSettings"],
     "tfaccel.performance.memory_profile": ["profile_transformer", "MemoryProfile"],
     "tfaccel.performance.memory": [

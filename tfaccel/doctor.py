@@ -14,6 +14,7 @@ Example:
         print(item["level"], item["message"])
 """
 
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -88,6 +89,141 @@ def machine_summary():
     names = [instruction_name(f) for kind in matrix_instructions(flags).values() for f in kind]
     return (f"{model}, {os.cpu_count()} cores, matrix instructions: "
             f"{', '.join(names) or 'none'}")
+
+
+# --- Peak arithmetic rate: what a training step's FLOP/s are measured against (MFU).
+
+GPU_PEAK_TFLOPS = {
+    # name fragment: (fp32, bf16/fp16 tensor-core dense with fp32 accumulation), vendor sheets
+    "h100 sxm": (67.0, 989.4), "h100 hbm3": (67.0, 989.4), "h100": (51.2, 756.0),
+    "a100": (19.5, 312.0), "a10g": (31.2, 70.0), "a10": (31.2, 125.0), "l40s": (91.6, 362.1),
+    "l4": (30.3, 121.0), "rtx 4090": (82.6, 165.2), "rtx 4080": (48.7, 97.5),
+    "rtx 3090": (35.6, 71.0), "rtx a6000": (38.7, 154.8), "v100": (15.7, 125.0),
+    "t4": (8.1, 65.0),
+}
+"""Dense peak TFLOP/s of common cards by a fragment of their name (no sparsity): fp32 on the
+CUDA cores, bf16/fp16 on the tensor cores (V100 and T4: fp16 only). A key matches a device
+name holding each of its words; the key of most words wins (nvidia-smi calls an H100 SXM
+"NVIDIA H100 80GB HBM3", a PCIe one "NVIDIA H100 PCIe")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    """A device's peak FLOP/s for a precision, and how it was worked out."""
+
+    flops_per_second: float
+    how: str
+
+
+def cpu_clock_ghz():
+    """(GHz, where it was read) of this CPU's base clock, or (None, why not).
+
+    The cpufreq base (or maximum) frequency when the kernel exposes it, else the
+    'cpu MHz' of /proc/cpuinfo, else its 'bogomips' / 2 (x86 Linux counts bogomips as twice
+    the time-stamp counter's rate, which runs at the base clock): virtual machines often
+    show only the last.
+    """
+    for name in ("base_frequency", "cpuinfo_max_freq"):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cpufreq/{name}", encoding="utf-8") as f:
+                return int(f.read().strip()) / 1e6, f"cpufreq {name}"
+        except (OSError, ValueError):
+            pass
+    fields = _cpuinfo_fields()
+    for key, scale, what in (("cpu MHz", 1e-3, "/proc/cpuinfo cpu MHz"),
+                             ("bogomips", 0.5e-3, "/proc/cpuinfo bogomips / 2")):
+        value = _number(fields.get(key, ""))
+        if value:
+            return value * scale, what
+    return None, "no clock in cpufreq or /proc/cpuinfo"
+
+
+def _cpuinfo_fields():
+    """The first processor's 'key: value' lines of /proc/cpuinfo."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def cpu_flops_per_cycle(flags, precision="float32", vendor=None, family=None):
+    """(FLOP per cycle per core, what it assumes) for `precision`'s matrix math on this CPU.
+
+    fp32 FMA: two FMA units of the widest vector (AVX-512: 2 x 16 lanes x 2 = 64 on Intel;
+    AMD Zen 4 runs AVX-512 on 256-bit units, 32), AVX2+FMA 32, else 8 (SSE). bfloat16:
+    AMX-BF16 1,024 (the tile unit), AVX512_BF16 twice the fp32 rate, else the fp32 rate
+    (TensorFlow then computes in fp32). float16 has no fast TensorFlow CPU path: fp32 rate.
+    """
+    amd = (vendor or "").lower().startswith("authenticamd") or vendor == "amd"
+    if "avx512f" in flags:
+        fp32, what = (32, "AVX-512 on 2 x 256-bit FMA units (AMD Zen 4)") \
+            if amd and (family or 0) < 26 else (64, "AVX-512, 2 FMA units")
+    elif "avx2" in flags and "fma" in flags:
+        fp32, what = 32, "AVX2, 2 FMA units"
+    else:
+        fp32, what = 8, "SSE, no FMA"
+    if precision == "mixed_bfloat16":
+        if "amx_bf16" in flags:
+            return 1024, "AMX-BF16 tiles"
+        if "avx512_bf16" in flags:
+            return 2 * fp32, f"AVX512_BF16 (2x the fp32 rate of {what})"
+    return fp32, what
+
+
+def cpu_peak(precision="float32", cores=None, flags=None, clock_ghz=None):
+    """This CPU's `Peak` for `precision`: cores x clock x FLOP per cycle, each said."""
+    fields = _cpuinfo_fields()
+    flags = cpu_flags() if flags is None else set(flags)
+    cores = cores or os.cpu_count() or 1
+    if clock_ghz is None:
+        clock_ghz, source = cpu_clock_ghz()
+    else:
+        source = "given"
+    if not clock_ghz:
+        return Peak(0.0, f"unknown: {source}")
+    per_cycle, what = cpu_flops_per_cycle(flags, precision, fields.get("vendor_id"),
+                                          int(_number(fields.get("cpu family", "")) or 0))
+    return Peak(cores * clock_ghz * 1e9 * per_cycle,
+                f"{cores} cores x {clock_ghz:.2f} GHz ({source}) x {per_cycle} FLOP/cycle "
+                f"({what})")
+
+
+def gpu_peak(name, precision="float32"):
+    """A `Peak` for a GPU named `name` (e.g. 'NVIDIA GeForce RTX 4090') from
+    `GPU_PEAK_TFLOPS`, or None for a card not in the table."""
+    words = set(name.lower().replace("-", " ").split())
+    match = max((k for k in GPU_PEAK_TFLOPS if set(k.split()) <= words),
+                key=lambda k: (len(k.split()), len(k)), default=None)
+    if match is None:
+        return None
+    fp32, half = GPU_PEAK_TFLOPS[match]
+    tflops = fp32 if precision == "float32" else half
+    kind = "fp32" if precision == "float32" else "16-bit tensor cores, dense"
+    return Peak(tflops * 1e12, f"{match} {kind}: {tflops} TFLOP/s (vendor sheet)")
+
+
+def peak(precision="float32", gpus=None):
+    """The `Peak` a run in `precision` is measured against: every visible GPU's (summed) when
+    the table knows them, else this CPU's.
+
+    Example:
+
+        tfaccel.doctor.peak("mixed_bfloat16").how
+        # '2 cores x 2.60 GHz (/proc/cpuinfo bogomips / 2) x 64 FLOP/cycle (AVX512_BF16 ...)'
+    """
+    gpus = [g["name"] for g in globals()["gpus"]()] if gpus is None else list(gpus)
+    peaks = [gpu_peak(name, precision) for name in gpus]
+    if peaks and all(peaks):
+        return Peak(sum(p.flops_per_second for p in peaks),
+                    f"{len(peaks)} x " + peaks[0].how if len(peaks) > 1 else peaks[0].how)
+    return cpu_peak(precision)
 
 
 def _cpu_facts():
@@ -170,6 +306,8 @@ def collect():
                    and (onednn_env or "1").lower() not in ("0", "false"),
                    "TF_ENABLE_ONEDNN_OPTS": onednn_env},
         "memory_growth_env": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
+        "peak": {p: dataclasses.asdict(peak(p, [g["name"] for g in smi or []]))
+                 for p in ("float32", "mixed_bfloat16")},
     }
 
 
@@ -321,6 +459,8 @@ def format_report(facts, advice):
         f"Driver       {facts['driver_version'] or 'none (no nvidia-smi)'}",
         f"XLA          {'built in' if facts['xla']['built_with_xla'] else 'not built'}; "
         f"oneDNN {'on' if facts['onednn']['enabled'] else 'off'}",
+        *(f"Peak {p.split('_')[-1]:7} {facts['peak'][p]['flops_per_second'] / 1e9:,.0f} GFLOP/s: "
+          f"{facts['peak'][p]['how']}" for p in facts.get("peak", {})),
         "Devices",
     ]
     for d in facts["devices"]:

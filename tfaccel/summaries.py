@@ -313,7 +313,9 @@ class EpochScalarLogger(ScalarLogger):
 
 
 class ThroughputLogger(EpochScalarLogger):
-    """Logs examples/sec and steps/sec of each epoch to TensorBoard and to `logs`.
+    """Logs examples/sec and steps/sec of each epoch to TensorBoard and to `logs`, and with
+    `flops_per_example` and `peak_flops` the model FLOP utilization (`mfu`: achieved model
+    FLOP/s over the peak, see `tfaccel.performance.utilization`).
 
     Steps are the optimizer's updates (read at the epoch's begin and end: no per-step work);
     the time includes validation. The first epoch includes tracing.
@@ -321,9 +323,11 @@ class ThroughputLogger(EpochScalarLogger):
 
     tag_prefix = "epoch_"
 
-    def __init__(self, logdir, global_batch_size):
+    def __init__(self, logdir, global_batch_size, flops_per_example=None, peak_flops=None):
         super().__init__(logdir)
         self.global_batch_size = int(global_batch_size)
+        self.flops_per_example = flops_per_example
+        self.peak_flops = peak_flops
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start_step = int(self.model.optimizer.iterations.numpy())
@@ -332,8 +336,14 @@ class ThroughputLogger(EpochScalarLogger):
     def epoch_values(self, epoch):
         elapsed = max(time.perf_counter() - self._start, 1e-9)
         steps = int(self.model.optimizer.iterations.numpy()) - self._start_step
-        return {"examples_per_sec": steps * self.global_batch_size / elapsed,
-                "steps_per_sec": steps / elapsed}
+        values = {"examples_per_sec": steps * self.global_batch_size / elapsed,
+                  "steps_per_sec": steps / elapsed}
+        if self.flops_per_example:
+            flops = values["examples_per_sec"] * self.flops_per_example
+            values["model_tflops_per_sec"] = flops / 1e12
+            if self.peak_flops:
+                values["mfu"] = flops / self.peak_flops
+        return values
 
 
 def current_learning_rate(optimizer):

@@ -32,6 +32,7 @@ from tfaccel._compat.distribute import (
     strategy_name,
 )
 from tfaccel._compat.graphs import (
+    graph_float_ops,
     is_graph_network,
 )
 from tfaccel._compat.keras3 import (
@@ -55,6 +56,7 @@ from tfaccel._compat.training import (
 )
 
 __all__ = [
+    "graph_float_ops",
     "is_graph_network",
     "num_workers",
     "strategy_name",

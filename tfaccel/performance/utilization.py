@@ -1,0 +1,124 @@
+"""How close training runs to the machine's limit: FLOPs per example, and model FLOP utilization.
+
+MFU (model FLOP utilization, as in the PaLM paper and nanoGPT) is the training
+FLOP/s a run achieves, counting only the model's own math (forward and backward
+pass), over the device's peak for the precision in use (`tfaccel.doctor.peak`:
+cores x clock x FLOP per cycle on a CPU, the vendor's dense figure on a GPU). A
+number near the peak says the step is doing arithmetic; a low one says time goes
+elsewhere (the input, small kernels, casts, the host).
+
+Two ways to count a training step's FLOPs:
+
+- `transformer_flops_per_token`: the closed form for a decoder-only Transformer,
+  6 N + 12 L d T per token (N parameters without the position embedding, L layers,
+  width d, context T): 2 FLOPs per parameter per token forward, twice that backward,
+  plus attention's score and value products.
+- `training_flops_per_example`: any Keras model (tf_keras or Keras 3, custom layers
+  included), from the graph of one traced forward and backward pass at a fixed
+  batch, counted by TensorFlow's profiler (ops with a registered cost: matrix
+  products, convolutions and their gradients, elementwise math). The optimizer's
+  update (a few FLOPs per parameter) is left out, as MFU conventions do.
+
+Example:
+
+    from tfaccel import doctor
+    from tfaccel.performance import utilization
+
+    flops = utilization.training_flops_per_example(model)
+    print(utilization.mfu(examples_per_second=2400, flops_per_example=flops,
+                          peak=doctor.peak("float32")))
+"""
+
+import tensorflow as tf
+
+from tfaccel import _compat, doctor
+from tfaccel.errors import ConfigError, ModelError, first_line
+from tfaccel.keras import is_keras3_object
+
+
+def transformer_flops_per_token(parameters, layers, d_model, context, position_parameters=0):
+    """Training FLOPs per token of a decoder-only Transformer: 6 N + 12 L d T.
+
+    Args:
+      parameters: the model's parameters (a tied embedding counted once).
+      layers, d_model, context: its depth, width and context length (T).
+      position_parameters: the learned position embedding's size, left out of N (it is a
+        lookup, not a product), as nanoGPT counts.
+    """
+    n = int(parameters) - int(position_parameters)
+    return 6 * n + 12 * int(layers) * int(d_model) * int(context)
+
+
+def _input_specs(model, batch_size, sequence_length):
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise ModelError(f"model {model.name!r} has no inputs yet: build it (call it once or "
+                         "give an Input) before counting its FLOPs")
+    specs = []
+    for tensor in inputs:
+        shape = [batch_size, *tensor.shape[1:]]
+        if any(d is None for d in shape[1:]):
+            if sequence_length is None:
+                raise ConfigError(f"input {getattr(tensor, 'name', '?')!r} of {model.name!r} has a "
+                                  f"variable length {tuple(tensor.shape)}: pass sequence_length= "
+                                  "(the length the run trains on)")
+            shape = [d if d is not None else int(sequence_length) for d in shape]
+        dtype = tf.as_dtype(getattr(tensor, "dtype", "float32"))
+        specs.append(tf.TensorSpec(shape, dtype))
+    return specs
+
+
+def training_flops_per_example(model, batch_size=2, sequence_length=None):
+    """FLOPs of one training example's forward and backward pass, counted in the traced graph.
+
+    The step is traced (not run) at `batch_size` with the loss taken as the sum of the
+    outputs: the gradients flow through every layer as in training, while a real loss adds
+    only O(outputs) FLOPs. Integer inputs (token ids) get zeros.
+
+    Args:
+      model: a built tf_keras or Keras 3 model (inputs of known shape).
+      batch_size: the batch traced (the count is divided by it).
+      sequence_length: the length to trace a variable-length input at.
+
+    Raises:
+      ConfigError / ModelError: one line naming the problem and the fix.
+    """
+    if batch_size < 1:
+        raise ConfigError(f"batch_size={batch_size}: trace at least one example")
+    specs = _input_specs(model, int(batch_size), sequence_length)
+    variables = model.trainable_variables
+    if is_keras3_object(model):
+        variables = [getattr(v, "value", v) for v in variables]
+
+    structure = getattr(model, "input", None)
+
+    @tf.function(autograph=False)
+    def step(*inputs):
+        with tf.GradientTape() as tape:
+            x = tf.nest.pack_sequence_as(structure, list(inputs)) if len(inputs) > 1 \
+                else inputs[0]
+            outputs = model(x, training=True)
+            loss = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32))
+                             for t in tf.nest.flatten(outputs)])
+        return tape.gradient(loss, variables)
+
+    try:
+        graph = step.get_concrete_function(*specs).graph
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"cannot trace a training step of {model.name!r} to count its FLOPs: "
+                         f"{first_line(e)}") from None
+    return _compat.graph_float_ops(graph) / int(batch_size)
+
+
+def mfu(examples_per_second, flops_per_example, peak):
+    """Model FLOP utilization: achieved model FLOP/s over `peak` (a `doctor.Peak` or FLOP/s);
+    None when the peak is unknown."""
+    peak_flops = getattr(peak, "flops_per_second", peak)
+    if not peak_flops:
+        return None
+    return float(examples_per_second) * float(flops_per_example) / float(peak_flops)
+
+
+def peak_for(precision):
+    """The `doctor.Peak` a run in `precision` is measured against (see `doctor.peak`)."""
+    return doctor.peak(precision)
