@@ -129,7 +129,7 @@ def test_subclassed_model_that_does_not_match_is_rejected():
     with precision.precision_scope("mixed_float16"):
         built_under_policy = Tiny()
     assert precision.apply_precision(built_under_policy, "mixed_float16") is built_under_policy
-    with pytest.raises(ModelError, match="cannot be copied"):
+    with pytest.raises(ModelError, match="cannot be rebuilt from its config"):
         precision.apply_precision(model, "float32", copy=True)
 
 
@@ -208,3 +208,35 @@ def test_hardware_advice():
     assert "float16 math" not in precision.precision_advice("mixed_float16", gpus=[],
                                                             cpu_flags={"avx2"})[0]
     assert precision.precision_advice("float32", gpus=k80) == []
+
+
+def _hub_models():
+    keras_hub = pytest.importorskip("keras_hub")
+    gpt2 = keras_hub.models.GPT2CausalLM(backbone=keras_hub.models.GPT2Backbone(
+        vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
+        max_sequence_length=16), preprocessor=None)
+    bert = keras_hub.models.BertTextClassifier(backbone=keras_hub.models.BertBackbone(
+        vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
+        max_sequence_length=16), num_classes=2, preprocessor=None)
+    return gpt2, bert
+
+
+def test_a_kerashub_model_built_under_the_policy_is_left_alone():
+    with precision.precision_scope("mixed_bfloat16"):
+        for model in _hub_models():
+            assert precision.apply_precision(model, "mixed_bfloat16") is model
+
+
+def test_a_kerashub_model_rebuilt_in_another_precision_keeps_its_class_and_weights():
+    with precision.precision_scope("mixed_bfloat16"):
+        gpt2, _ = _hub_models()
+    tokens = {"token_ids": np.arange(8, dtype=np.int32)[None] % 100,
+              "padding_mask": np.ones((1, 8), np.int32)}
+    copy = precision.apply_precision(gpt2, "float32")
+    assert type(copy) is type(gpt2) and hasattr(copy, "generate")
+    assert copy.backbone.dtype_policy.name == "float32"
+    assert copy(tokens).dtype == "float32"
+    np.testing.assert_allclose(np.asarray(copy(tokens)), np.asarray(gpt2(tokens), np.float32),
+                               atol=0.05)  # bfloat16 rounding of the original's logits
+    again = precision.apply_precision(copy, "float32", copy=True)
+    assert again is not copy and type(again) is type(gpt2)

@@ -34,6 +34,7 @@ from tfaccel._compat.distribute import (
 from tfaccel._compat.graphs import (
     graph_float_ops,
     is_graph_network,
+    is_plain_graph_model,
 )
 from tfaccel._compat.keras3 import (
     is_keras3_functional,
@@ -58,6 +59,7 @@ from tfaccel._compat.training import (
 __all__ = [
     "graph_float_ops",
     "is_graph_network",
+    "is_plain_graph_model",
     "num_workers",
     "strategy_name",
     "serialized_dataset_graph",

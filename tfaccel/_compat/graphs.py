@@ -61,3 +61,21 @@ def graph_float_ops(graph):
         logger.setLevel(level)
     einsums = sum(_einsum_flops(op) for op in graph.get_operations() if op.type == "Einsum")
     return int(counted) + einsums
+
+
+def is_plain_graph_model(model):
+    """True for a Sequential or functional model of Keras's own classes, False for a subclass
+    of them (a KerasHub task, a user's class) or a subclassed model: a layer-by-layer clone
+    keeps only the plain classes.
+
+    Relies on the private `Functional` classes (tf_keras `tf_keras.src.engine.functional`,
+    Keras 3 `keras.src.models.functional`): neither Keras exports them. Checked: tf_keras
+    2.21, Keras 3.15.
+    """
+    # deferred: tf_keras (tfaccel.keras loads it)
+    from tfaccel.keras import is_keras3_object, keras, keras3
+
+    if is_keras3_object(model):
+        k3 = keras3()
+        return type(model) in (k3.Sequential, k3.src.models.functional.Functional)
+    return type(model) in (keras.Sequential, keras.src.engine.functional.Functional)

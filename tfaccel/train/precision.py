@@ -27,6 +27,7 @@ Example:
 """
 
 import contextlib
+import warnings
 
 import tensorflow as tf
 
@@ -161,14 +162,50 @@ def _clone(model, name, float32_outputs):
     return clone
 
 
-def apply_precision(model, name, *, copy=False):
-    """`model` computing under policy `name`, with float32 outputs.
+def _with_dtype(config, name):
+    """`config` (a serialized model) with every layer's dtype policy replaced by `name`."""
+    if isinstance(config, dict):
+        return {k: (name if k == "dtype" else _with_dtype(v, name)) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_with_dtype(v, name) for v in config]
+    return config
 
-    A model already built under `name` whose outputs are float32 (every zoo
-    model built after `set_precision`) is returned as is. Otherwise a
-    Functional or Sequential model (e.g. loaded from a file, or ending in
-    `Dense(activation='softmax')`) is rebuilt with the same weights, its
-    hidden layers under `name` and its output layers in float32.
+
+def _rebuild_from_config(model, name):
+    """`model` rebuilt from its own config under policy `name`, same class, same weights, or
+    None when its class cannot be rebuilt that way (no usable config, or other weights)."""
+    saving = keras_of(model).saving
+    try:
+        with precision_scope(name), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras 3: "compile() was not called" (we do not)
+            clone = saving.deserialize_keras_object(
+                _with_dtype(saving.serialize_keras_object(model), name))
+        if type(clone) is not type(model) or len(clone.weights) != len(model.weights):
+            return None
+        clone.set_weights(model.get_weights())
+    except Exception:  # noqa: BLE001 (any class whose config does not rebuild it: refused after)
+        return None
+    return clone
+
+
+def _computes_under(model, name, outputs=()):
+    input_layer = keras_of(model).layers.InputLayer
+    return all(layer.dtype_policy.name == name for layer in model.layers
+               if not (isinstance(layer, input_layer) or id(layer) in outputs))
+
+
+def apply_precision(model, name, *, copy=False):
+    """`model` computing under policy `name`, never broken, never of another class.
+
+    A model whose layers already compute under `name` is returned as is: with
+    float32 outputs (every zoo model built after `set_precision`), or of a class
+    of its own (a KerasHub `GPT2CausalLM` keeps its outputs and its `generate()`;
+    Keras 3's losses compute in float32 whatever the outputs' dtype). Otherwise
+    a plain Functional or Sequential model (e.g. loaded from a file, or ending in
+    `Dense(activation='softmax')`) is rebuilt with the same weights, its hidden
+    layers under `name` and its output layers in float32; a model of another
+    class (KerasHub tasks and backbones, subclassed models with a config) is
+    rebuilt from its own config under `name`, same class, same weights.
     `apply_precision(model, "float32")` is the float32 copy of a mixed
     precision model (for quantization, export, size reports).
 
@@ -183,29 +220,30 @@ def apply_precision(model, name, *, copy=False):
 
     Raises:
       ConfigError: unknown precision.
-      ModelError: a subclassed model whose layers (but the last, which must be
-        float32) do not already compute under `name`: build it after
-        `set_precision` and end it in a layer with dtype='float32'. With
-        `copy`, any subclassed model (it cannot be copied).
+      ModelError: a model that must be rebuilt and whose class cannot be rebuilt from its
+        config (one line: build it under `set_precision(name)` instead).
     """
     check_precision(name)
-    if not _compat.is_graph_network(model):
-        if copy:
-            raise ModelError(f"model {model.name!r} is a subclassed model, which cannot be copied: "
-                             "give a Functional or Sequential model")
+    if _compat.is_plain_graph_model(model):
+        outputs = {id(layer) for layer in _compat.output_layers(model)}
+        if outputs_are_float32(model) and _computes_under(model, name, outputs) and not copy:
+            return model
+        return _clone(model, name, float32_outputs=True)
+    if _computes_under(model, name) and not copy:
+        return model
+    if not copy and not _compat.is_graph_network(model):
         *hidden, last = model.layers or [None]
         if last is not None and last.dtype_policy.name == "float32" and \
                 all(layer.dtype_policy.name == name for layer in hidden):
             return model
-        raise ModelError(f"model {model.name!r} is a subclassed model that does not compute under "
-                         f"{name} with float32 outputs: build it after set_precision({name!r}) "
-                         "and end it in a layer with dtype='float32'")
-    outputs = {id(layer) for layer in _compat.output_layers(model)}
-    input_layer = keras_of(model).layers.InputLayer
-    matches = outputs_are_float32(model) and all(
-        layer.dtype_policy.name == name for layer in model.layers
-        if not (isinstance(layer, input_layer) or id(layer) in outputs))
-    return model if matches and not copy else _clone(model, name, float32_outputs=True)
+    rebuilt = _rebuild_from_config(model, name)
+    if rebuilt is None:
+        kind = "subclassed model" if not _compat.is_graph_network(model) else "model"
+        raise ModelError(f"{kind} {model.name!r} ({type(model).__name__}) does not compute "
+                         f"under {name} and cannot be rebuilt from its config with the same "
+                         f"weights: build it after set_precision({name!r}) (a KerasHub model: "
+                         f"its backbone with dtype={name!r})")
+    return rebuilt
 
 
 def layer_dtypes(model):
