@@ -10,6 +10,7 @@ import pytest
 
 from tfaccel import data, errors
 from tfaccel.compress import tflite, tflite_eval
+from tfaccel.errors import ConfigError
 
 
 def test_int8_file_has_int8_io_and_keeps_accuracy(trained, files):
@@ -71,3 +72,58 @@ def test_other_modes(trained, files, tmp_path, mode):
     assert tflite_eval.prediction_agreement(result["predictions"], keras_pred) >= 0.98
 
 
+
+
+def _keras3_model_with_a_custom_layer():
+    from tfaccel.keras import keras3
+
+    k3 = keras3()
+
+    class Doubler(k3.layers.Layer):
+        def call(self, x):
+            return 2.0 * x
+
+    inputs = k3.Input((8, 8, 1))
+    x = k3.layers.Conv2D(4, 3, activation="relu")(inputs)
+    x = k3.layers.Flatten()(Doubler()(x))
+    return k3.Model(inputs, k3.layers.Dense(10)(x))
+
+
+@pytest.mark.parametrize("mode, tolerance", [("float", 1e-5), ("dynamic", 0.05),
+                                             ("int8", 0.1), ("float16", 0.01)])
+def test_a_keras3_model_with_a_custom_layer_converts_without_the_bridge(tmp_path, mode,
+                                                                       tolerance):
+    model = _keras3_model_with_a_custom_layer()
+    data = np.random.default_rng(0).random((40, 8, 8, 1), dtype=np.float32)
+    path = tflite.convert_to_tflite(model, str(tmp_path / f"{mode}.tflite"), mode=mode,
+                                    representative_data=data)
+    predicted = tflite_eval.predict_tflite(path, data[:8])
+    expected = np.asarray(model(data[:8]))
+    assert predicted.shape == expected.shape
+    scale = np.abs(expected).max()
+    assert np.abs(predicted - expected).max() <= tolerance * max(scale, 1.0)
+
+
+@pytest.mark.slow
+def test_a_kerashub_causal_lm_converts_at_a_chosen_length(tmp_path):
+    keras_hub = pytest.importorskip("keras_hub")
+    from ai_edge_litert.interpreter import Interpreter
+
+    model = keras_hub.models.GPT2CausalLM(backbone=keras_hub.models.GPT2Backbone(
+        vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
+        max_sequence_length=32), preprocessor=None)
+    with pytest.raises(ConfigError, match="variable length.*sequence_length="):
+        tflite.convert_to_tflite(model, str(tmp_path / "lm.tflite"))
+    assert not (tmp_path / "lm.tflite").exists()
+    path = tflite.convert_to_tflite(model, str(tmp_path / "lm.tflite"), sequence_length=12)
+    feeds = {"token_ids": (np.arange(12) * 7 % 100).astype(np.int32)[None],
+             "padding_mask": np.ones((1, 12), np.int32)}
+    interpreter = Interpreter(model_path=path)
+    interpreter.allocate_tensors()
+    for detail in interpreter.get_input_details():
+        assert list(detail["shape"]) == [1, 12]
+        key = "token_ids" if "token_ids" in detail["name"] else "padding_mask"
+        interpreter.set_tensor(detail["index"], feeds[key])
+    interpreter.invoke()
+    logits = interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+    np.testing.assert_allclose(logits, np.asarray(model(feeds)), atol=1e-4)

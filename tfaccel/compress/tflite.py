@@ -9,6 +9,14 @@ activations, int8 weights). `optimize_sparsity=True` asks the converter to
 store pruned weights in its sparse encoding. `tfaccel.compress.tflite_eval`
 runs and measures the files.
 
+A Keras 3 model (KerasHub models and custom layers included) is converted from
+itself, not through the tf_keras bridge: its inference call is exported
+(`keras.export.ExportArchive`, the route Keras 3's own LiteRT export takes) with
+a fixed signature (`sequence_length=` fixes a variable-length input such as
+token ids) and converted with TFLite's builtin ops only, so that LiteRT runs the
+file without the select-TF-ops delegate. A mixed-precision model is converted
+from its float32 copy (TFLite has no bfloat16 kernels).
+
 Example:
 
     from tfaccel import data
@@ -19,14 +27,17 @@ Example:
                                     representative_data=splits.train)
 """
 
+import contextlib
+import tempfile
+
 import numpy as np
 import tensorflow as tf
 
 from tfaccel import _compat
 from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import write_bytes
-from tfaccel.keras import tfmot
-from tfaccel.keras.bridge import as_tf_keras
+from tfaccel.keras import input_specs, is_keras3_object, keras3, tfmot
+from tfaccel.train.precision import apply_precision
 
 MODES = ("float", "dynamic", "int8", "float16", "int16x8")
 """Conversion modes of `convert_to_tflite`."""
@@ -36,6 +47,8 @@ _NEEDS_DATA = ("int8", "int16x8")
 
 def is_quantization_aware(model):
     """True when `model` holds TF-MOT quantization wrappers (it went through QAT)."""
+    if is_keras3_object(model):
+        return False  # TF-MOT wraps tf_keras models only
     quantization = tfmot().quantization.keras
     wrappers = (quantization.QuantizeWrapper, quantization.QuantizeWrapperV2)
     layers = model.submodules if hasattr(model, "submodules") else model.layers
@@ -87,8 +100,39 @@ def is_batched(spec):
     return spec.shape.rank is not None and spec.shape.rank >= 1 and spec.shape[0] is None
 
 
-def _converter(model, mode, representative_data, num_calibration_samples, optimize_sparsity):
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+@contextlib.contextmanager
+def _keras3_converter(model, sequence_length):
+    """A converter of a Keras 3 model's inference call, exported with a fixed signature
+    (batch left open); the export lives until the block ends."""
+    specs = input_specs(model, None, sequence_length)
+    structure = model.input if len(specs) > 1 else None
+
+    def serve(*inputs):
+        x = tf.nest.pack_sequence_as(structure, list(inputs)) if structure else inputs[0]
+        return model(x, training=False)
+
+    with tempfile.TemporaryDirectory() as directory:
+        archive = keras3().export.ExportArchive()
+        archive.track(model)
+        archive.add_endpoint("serve", serve, input_signature=specs)
+        archive.write_out(directory, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(directory)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        converter.experimental_enable_resource_variables = True
+        yield converter
+
+
+@contextlib.contextmanager
+def _base_converter(model, sequence_length):
+    if is_keras3_object(model):
+        with _keras3_converter(model, sequence_length) as converter:
+            yield converter
+    else:
+        yield tf.lite.TFLiteConverter.from_keras_model(model)
+
+
+def _configure(converter, model, mode, representative_data, num_calibration_samples,
+               optimize_sparsity):
     optimizations = []
     if mode != "float":
         optimizations.append(tf.lite.Optimize.DEFAULT)
@@ -103,19 +147,20 @@ def _converter(model, mode, representative_data, num_calibration_samples, optimi
         # converter's "representative_dataset must be specified" check (TF 2.21).
         if not is_quantization_aware(model):
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        converter.inference_input_type = tf.int8
+        if all(tf.as_dtype(t.dtype).is_floating for t in model.inputs):  # token ids stay int
+            converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
     elif mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
     elif mode == "int16x8":
         converter.target_spec.supported_ops = [
             tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
-    return converter
 
 
 def convert_to_tflite(model, path, mode="float", representative_data=None,
-                      num_calibration_samples=200, optimize_sparsity=False):
-    """Converts a tf_keras (or Keras 3) model to a `.tflite` file, quantizing as `mode` says.
+                      num_calibration_samples=200, optimize_sparsity=False,
+                      sequence_length=None):
+    """Converts a tf_keras or Keras 3 model to a `.tflite` file, quantizing as `mode` says.
 
     A QAT model (from `tfaccel.compress.quantize`) already carries its quantization
     ranges, so `mode="int8"` needs no representative data for it; a plain
@@ -128,14 +173,15 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
 
     Args:
       model: a tf_keras model (plain, pruned after `strip_pruning`, or QAT), or
-        a Keras 3 one, converted through its verified tf_keras translation
-        (`tfaccel.keras.bridge`).
+        a Keras 3 one (any layers: converted from itself, see the module's doc).
       path: where the `.tflite` file goes.
       mode: one of `MODES`.
       representative_data: calibration examples for `int8`/`int16x8` (see
         `representative_dataset` for the accepted forms), e.g. `splits.train`.
       num_calibration_samples: how many examples calibrate.
       optimize_sparsity: store pruned (mostly zero) weights sparsely.
+      sequence_length: the length a Keras 3 model's variable-length inputs (token ids)
+        are fixed at in the file.
 
     Returns:
       `path`.
@@ -146,14 +192,17 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
     """
     if mode not in MODES:
         raise ConfigError(f"unknown TFLite mode {mode!r}: use one of {', '.join(MODES)}")
-    model = as_tf_keras(model)
     if mode in _NEEDS_DATA and representative_data is None and not is_quantization_aware(model):
         raise ConfigError(f"mode={mode!r} calibrates activation ranges: pass representative_data "
                           "(e.g. the training split), or quantize-aware train the model first")
-    converter = _converter(model, mode, representative_data, num_calibration_samples,
-                           optimize_sparsity)
+    if is_keras3_object(model):
+        input_specs(model, None, sequence_length)  # a variable length fails before any work
+        model = apply_precision(model, "float32")
     try:
-        flatbuffer = converter.convert()
+        with _base_converter(model, sequence_length) as converter:
+            _configure(converter, model, mode, representative_data, num_calibration_samples,
+                       optimize_sparsity)
+            flatbuffer = converter.convert()
     except _compat.tflite_converter_errors() as e:  # keep one readable line
         raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: "
                          f"{first_line(e)}; "

@@ -173,8 +173,37 @@ def tfmot():
     return tensorflow_model_optimization
 
 
+def input_specs(model, batch_size=None, sequence_length=None):
+    """`tf.TensorSpec`s of `model`'s inputs (either Keras), in `model.inputs` order, with the
+    batch dimension `batch_size` and every other unknown dimension `sequence_length`.
+
+    What a traced or exported step needs: a fixed signature. A variable-length input (token
+    ids of shape (None, None)) is given the length the caller chooses, not a failure.
+
+    Raises:
+      ModelError: the model has no inputs yet (not built).
+      ConfigError: a variable-length input and no `sequence_length`.
+    """
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        raise ModelError(f"model {model.name!r} has no inputs yet: build it (call it once or "
+                         "give it an Input) first")
+    specs = []
+    for tensor in inputs:
+        name = getattr(tensor, "name", None)
+        shape = [batch_size, *tensor.shape[1:]]
+        if any(d is None for d in shape[1:]):
+            if sequence_length is None:
+                raise ConfigError(f"input {name!r} of {model.name!r} has a variable length "
+                                  f"{tuple(tensor.shape)}: pass sequence_length= (the length "
+                                  "to fix it at)")
+            shape = [shape[0], *(int(sequence_length) if d is None else d for d in shape[1:])]
+        specs.append(tf.TensorSpec(shape, tf.as_dtype(tensor.dtype), name=name))
+    return specs
+
+
 __getattr__ = _aliases.submodule_getattr(__name__)  # tfaccel.keras.bridge, loaded on first use
 
 __all__ = ["keras", "keras3_if_loaded", "keras_for", "keras_of", "ensure_tf_keras",
            "is_keras3_object", "flavour_of", "keras3", "FLAVOURS",
-           "tfmot"]
+           "tfmot", "input_specs"]

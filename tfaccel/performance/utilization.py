@@ -33,7 +33,7 @@ import tensorflow as tf
 
 from tfaccel import _compat, doctor
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import is_keras3_object
+from tfaccel.keras import input_specs, is_keras3_object
 
 
 def transformer_flops_per_token(parameters, layers, d_model, context, position_parameters=0):
@@ -47,25 +47,6 @@ def transformer_flops_per_token(parameters, layers, d_model, context, position_p
     """
     n = int(parameters) - int(position_parameters)
     return 6 * n + 12 * int(layers) * int(d_model) * int(context)
-
-
-def _input_specs(model, batch_size, sequence_length):
-    inputs = getattr(model, "inputs", None)
-    if not inputs:
-        raise ModelError(f"model {model.name!r} has no inputs yet: build it (call it once or "
-                         "give an Input) before counting its FLOPs")
-    specs = []
-    for tensor in inputs:
-        shape = [batch_size, *tensor.shape[1:]]
-        if any(d is None for d in shape[1:]):
-            if sequence_length is None:
-                raise ConfigError(f"input {getattr(tensor, 'name', '?')!r} of {model.name!r} has a "
-                                  f"variable length {tuple(tensor.shape)}: pass sequence_length= "
-                                  "(the length the run trains on)")
-            shape = [d if d is not None else int(sequence_length) for d in shape]
-        dtype = tf.as_dtype(getattr(tensor, "dtype", "float32"))
-        specs.append(tf.TensorSpec(shape, dtype))
-    return specs
 
 
 def training_flops_per_example(model, batch_size=2, sequence_length=None):
@@ -85,7 +66,7 @@ def training_flops_per_example(model, batch_size=2, sequence_length=None):
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size}: trace at least one example")
-    specs = _input_specs(model, int(batch_size), sequence_length)
+    specs = input_specs(model, int(batch_size), sequence_length)
     variables = model.trainable_variables
     if is_keras3_object(model):
         variables = [getattr(v, "value", v) for v in variables]
