@@ -118,7 +118,7 @@ def test_bench_data_measures_every_pipeline_over_whole_epochs(tmp_path):
     width, height = _png_size(out / "bench_data.png")
     assert width > 0 and height > 0
     logdir = str(out / "logs")
-    assert "tfaccel cached" in summaries.read_text(logdir)["bench_data/report"]
+    assert "tfaccel cached" in summaries.read_text_summaries(logdir)["bench_data/report"]
     assert "bench_data/tfaccel_cached_images_per_sec" in summaries.read_scalars(logdir)
     assert "bench_data/plot" in summaries.read_image_tags(logdir)
 
@@ -153,7 +153,7 @@ def test_bench_overhead_times_the_recipes_callbacks_against_a_bare_fit(tmp_path)
     assert f"steady epoch ratio recipe/bare {result['ratio']:.3f}" in proc.stdout
     _png_size(out / "bench_overhead.png")
     logdir = str(out / "logs")
-    assert "PeriodicBackup |" in summaries.read_text(logdir)["bench/overhead"]
+    assert "PeriodicBackup |" in summaries.read_text_summaries(logdir)["bench/overhead"]
     assert (out / "fit.log").read_text().count("Epoch 4/4") == 2  # the recipe's verbose=2
     assert summaries.read_image_tags(logdir) == ["bench/overhead_plot"]
     assert sorted(os.listdir(out)) == ["bench_overhead.json", "bench_overhead.png", "fit.log",
@@ -178,7 +178,7 @@ def test_bench_precision_times_each_setting(tmp_path):
         assert row["ms_per_step"] == pytest.approx(1000 / row["steps_per_sec"])
     _png_size(out / "precision.png")
     logdir = str(out / "logs")
-    assert "| mixed_bfloat16 | False |" in summaries.read_text(logdir)["bench/precision"]
+    assert "| mixed_bfloat16 | False |" in summaries.read_text_summaries(logdir)["bench/precision"]
     assert summaries.read_image_tags(logdir) == ["bench/precision_plot"]
 
 
@@ -263,7 +263,7 @@ def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     width, height = _png_size(out / "bench_memory.png")
     assert width > 0 and height > 0
     logdir = str(out / "logs")
-    assert "cnn_sgd" in summaries.read_text(logdir)["bench/memory"]
+    assert "cnn_sgd" in summaries.read_text_summaries(logdir)["bench/memory"]
     assert "bench_memory/gpt_tiny_f32_b256_rc_ratio" in summaries.read_scalars(logdir)
 
 
@@ -290,7 +290,7 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
         recipe["callback_seconds"])
     assert re.search(r"(PASS|FAIL)  training tokens/s recipe/bare [\d.]+", proc.stdout)
     _png_size(out / "bench_lm.png")
-    assert "bench/lm" in summaries.read_text(out / "logs")
+    assert "bench/lm" in summaries.read_text_summaries(out / "logs")
 
 
 @pytest.mark.slow
@@ -343,6 +343,6 @@ def test_bench_parallel_times_the_unsplit_split_and_pipelined_model(tmp_path):
     assert f"{'PASS' if target['met'] else 'FAIL'}  pipeline M=4 on 2 devices" in proc.stdout
     _png_size(out / "bench_parallel.png")
     logdir = str(out / "logs")
-    assert "| pipeline M=4 |" in summaries.read_text(logdir)["bench/parallel"]
+    assert "| pipeline M=4 |" in summaries.read_text_summaries(logdir)["bench/parallel"]
     assert "bench_parallel/pipeline_M_4_ratio" in summaries.read_scalars(logdir)
     assert summaries.read_image_tags(logdir) == ["bench/parallel_plot"]

@@ -13,7 +13,7 @@ from tfaccel.data import PipelineConfig
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.performance import diagnose
-from tfaccel.summaries import read_scalars, read_text
+from tfaccel.summaries import read_scalars, read_text_summaries
 
 
 def slow_pipeline(n=256, features=8, batch=32, seconds_per_example=0.002):
@@ -130,7 +130,7 @@ def test_bad_arguments():
 def test_write_diagnosis_to_tensorboard(tmp_path):
     result = diagnose.InputDiagnosis(100.0, 400.0, "input-bound", "Speed up the input.")
     diagnose.write_diagnosis(str(tmp_path), result)
-    assert read_text(str(tmp_path))["input_diagnosis"] == result.summary()
+    assert read_text_summaries(str(tmp_path))["input_diagnosis"] == result.summary()
     scalars = read_scalars(str(tmp_path))
     assert scalars["input_diagnosis/input_examples_per_sec"][0][1] == pytest.approx(100.0)
     assert result.ratio == pytest.approx(0.25)
@@ -147,4 +147,4 @@ def test_bench_input_recipe_reports_both_numbers_and_the_verdict(recipe, tmp_pat
     assert report["verdict"] == ("input-bound" if report["input_examples_per_sec"]
                                  < report["step_examples_per_sec"] else "compute-bound")
     assert report["verdict"] + ":" in result.stdout and (out / "diagnosis.png").exists()
-    assert "input_diagnosis" in read_text(out / "logs")
+    assert "input_diagnosis" in read_text_summaries(out / "logs")

@@ -82,6 +82,14 @@ def test_old_module_names_are_the_new_modules(old):
     assert getattr(tfaccel, old) is module or old == "keras"  # tfaccel.keras is tf_keras itself
 
 
+def test_no_public_name_is_exported_from_two_modules():
+    seen = {}
+    for module_name, names in tfaccel._EXPORTS.items():
+        for name in names:
+            assert name not in seen, f"tfaccel.{name} from {seen[name]} and {module_name}"
+            seen[name] = module_name
+
+
 def test_every_export_lives_where_the_table_says():
     for module_name, names in tfaccel._EXPORTS.items():
         module = importlib.import_module(module_name)

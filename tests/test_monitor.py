@@ -91,7 +91,7 @@ def test_trial_report_has_table_plot_and_file(tmp_path):
             {"batch_size": 32, "status": "out of memory"}]
     table = monitor.write_trial_report(tmp_path, "performance/test", rows, ["batch_size"],
                                        "examples_per_sec", path=str(tmp_path / "p.png"))
-    assert summaries.read_text(tmp_path)["performance/test"] == table
+    assert summaries.read_text_summaries(tmp_path)["performance/test"] == table
     assert "| 32 | out of memory |" in table
     assert summaries.read_image_tags(tmp_path) == ["performance/test_plot"]
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

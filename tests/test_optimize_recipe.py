@@ -83,7 +83,7 @@ def test_short_run_writes_table_plot_and_tensorboard(tmp_path):
     assert "| pruned_qat_int8 |" in markdown
 
     logdir = out / "logs" / "report"
-    text = summaries.read_text(logdir)
+    text = summaries.read_text_summaries(logdir)
     assert "| pruned_qat_int8 |" in text["report/table"] and "config/flags" in text
     assert "report/accuracy_vs_size" in summaries.read_image_tags(logdir)
     scalars = summaries.read_scalars(logdir)

@@ -146,6 +146,20 @@ def test_report_of_a_stripped_model_marks_only_the_pruned_layers(tmp_path):
         assert report["all_kernels"]["sparsity"] < report["pruned"]["sparsity"]
 
 
+def test_a_keras_file_saved_without_optimizer_holds_the_weights_only(tmp_path):
+    import json
+    import zipfile
+
+    model = small_cnn()
+    compile_classifier(model, make_optimizer("adam", 1e-3))
+    model.optimizer.build(model.trainable_variables)  # optimizer state that .keras would keep
+    path = sparsity.save_without_optimizer(model, str(tmp_path / "m.keras"))
+    with zipfile.ZipFile(path) as archive:
+        assert "compile_config" not in json.loads(archive.read("config.json"))
+    for a, b in zip(load_model_file(path).get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_nested_models_are_pruned_inside_and_stripped_back():
     from user_models import functional_resnet
 

@@ -49,7 +49,7 @@ def test_digits_cnn_at_80_percent_keeps_accuracy_and_shrinks(digits_run):
     scalars = summaries.read_scalars(model_dir / "logs" / "pruning")
     assert len(scalars["sparsity/dense"]) == report["prune_epochs"]
     assert scalars["sparsity/pruned_layers"][-1][1] == pytest.approx(0.8, abs=0.01)
-    assert "pruning/report" in summaries.read_text(model_dir / "logs" / "report")
+    assert "pruning/report" in summaries.read_text_summaries(model_dir / "logs" / "report")
     assert "pruning/sparsity_per_layer" in summaries.read_image_tags(model_dir / "logs" / "report")
     final = summaries.read_scalars(model_dir / "logs" / "report")
     assert final["size/h5_gzip_ratio"][-1][1] == pytest.approx(h5["gzip_ratio"], rel=1e-5)

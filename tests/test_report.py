@@ -41,6 +41,6 @@ def test_report_files_and_tensorboard(tmp_path):
     assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
     markdown = (tmp_path / "report.md").read_text()
     assert "| int8 | 0.975 |" in markdown and "PTQ int8" in markdown
-    assert "| int8 | 0.975 |" in summaries.read_text(tmp_path / "logs")["report/table"]
+    assert "| int8 | 0.975 |" in summaries.read_text_summaries(tmp_path / "logs")["report/table"]
     assert summaries.read_image_tags(tmp_path / "logs") == ["report/accuracy_vs_size"]
     assert paths["png"] == str(tmp_path / "report.png")

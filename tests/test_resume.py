@@ -525,8 +525,21 @@ def test_keras3_backups_are_taken_at_epoch_ends_only(tmp_path):
                                         weights_path=str(tmp_path / "ckpt-{epoch}.weights.h5"))
     model.fit(_data(), epochs=3, verbose=0, callbacks=callbacks)
     assert callbacks[0].backed_up_epochs == [2]
-    assert resume.read_backup(tmp_path).epoch == 3
+    assert resume.read_backup(tmp_path) == resume.Backup(
+        str(tmp_path / resume.KERAS3_WEIGHTS), 3, None)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-3.weights.h5"]
+    # The one reporter serves both Kerases; the Keras 3 part is its BackupAndRestore.
+    assert type(callbacks[1]) is resume.ResumeReporter
+    assert isinstance(callbacks[0], resume.EpochBackups)
+    assert callbacks[0].__class__.__mro__[2].__module__.startswith("keras.")
+
+
+def test_the_former_backup_modules_are_resume():
+    import tfaccel.train.backup_keras3 as keras3_module
+    import tfaccel.train.backup_timing as timing_module
+
+    assert keras3_module is resume and timing_module is resume
+    assert timing_module.parse_backup_freq("2") == 2 and keras3_module.read_keras3_backup
 
 
 @pytest.mark.slow

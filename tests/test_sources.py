@@ -16,7 +16,7 @@ from tfaccel.data import (
     write_image_tfrecords,
 )
 from tfaccel.errors import DataError
-from tfaccel.summaries import read_text
+from tfaccel.summaries import read_text_summaries
 
 
 def save_image(path, seed=0, fmt="JPEG", size=(20, 24)):
@@ -185,7 +185,7 @@ def test_train_recipe_skips_or_stops_on_bad_image_files(recipe, tmp_path):
     assert skipped.returncode == 0, skipped.stderr[-2000:]
     named = [line for line in skipped.stderr.splitlines() if "bad image file" in line]
     assert len(named) == 1 and "broken.jpg" in named[0] and "notes.txt" in named[0]
-    text = read_text(tmp_path / "skip" / "logs" / "train")["data/skipped_bad_files"]
+    text = read_text_summaries(tmp_path / "skip" / "logs" / "train")["data/skipped_bad_files"]
     assert "broken.jpg" in text and "notes.txt" in text and "truncated JPEG" in text
     assert os.path.exists(tmp_path / "skip" / "metrics.json")
 

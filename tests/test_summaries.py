@@ -20,10 +20,31 @@ def test_text_scalars_and_png_round_trip(tmp_path):
     png = plots.save_png(fig, str(tmp_path / "plot.png"))
     summaries.write_png(logdir, "report/plot", png)  # a path
     summaries.write_png(logdir, "report/bytes", plots.png_bytes(fig))  # or the bytes
-    assert summaries.read_text(logdir)["report/table"] == table
+    assert summaries.read_text_summaries(logdir)["report/table"] == table
     scalars = summaries.read_scalars(logdir)
     assert scalars["a"] == [(3, 1.5)] and scalars["b"] == [(3, 2.0)]
     assert summaries.read_image_tags(logdir) == ["report/bytes", "report/plot"]
+
+
+def test_read_text_is_deprecated_and_still_reads_tensorboard_text(tmp_path):
+    import tfaccel
+    from tfaccel.data import text
+
+    summaries.write_text(str(tmp_path / "logs"), "report/table", "| a |")
+    (tmp_path / "corpus.txt").write_text("some words")
+    # The two readers now have their own names, each saying what it reads.
+    assert tfaccel.read_text_summaries is summaries.read_text_summaries
+    assert tfaccel.read_corpus is text.read_corpus
+    assert tfaccel.read_text_summaries is not tfaccel.read_corpus
+    assert tfaccel.read_text_summaries(tmp_path / "logs") == {"report/table": "| a |"}
+    assert tfaccel.read_corpus(tmp_path / "corpus.txt") == ("some words",
+                                                            str(tmp_path / "corpus.txt"))
+    # tfaccel.read_text was the TensorBoard reader (the later of its two exports): it still is,
+    # and warns with the name to use.
+    with pytest.warns(DeprecationWarning, match=r"tfaccel\.read_text_summaries\(logdir\)"):
+        assert tfaccel.read_text(tmp_path / "logs") == {"report/table": "| a |"}
+    with pytest.warns(DeprecationWarning, match=r"use read_corpus"):
+        assert text.read_text(tmp_path / "corpus.txt") == text.read_corpus(tmp_path / "corpus.txt")
 
 
 def test_scalar_logger_owns_the_writer(tmp_path):

@@ -34,7 +34,7 @@ def passes(dataset, epoch=None, epochs=(0,)):
 def test_default_corpus_is_the_stdlib_topics_in_key_order():
     from pydoc_data.topics import topics
 
-    corpus, source = text.read_text()
+    corpus, source = text.read_corpus()
     assert source == "pydoc_data.topics" == text.DEFAULT_CORPUS
     assert len(corpus) == 465_048 and len(set(corpus)) == 103
     keys = sorted(topics)
@@ -43,7 +43,7 @@ def test_default_corpus_is_the_stdlib_topics_in_key_order():
 
 
 def test_char_split_is_by_position_with_a_vocabulary_of_the_training_part():
-    corpus, _ = text.read_text()
+    corpus, _ = text.read_corpus()
     splits = text.load_text_dataset(sequence_length=64)
     vocab = splits.vocab
     assert vocab.kind == "char" and vocab.size == 104 and len(vocab.symbols) == 103
@@ -59,7 +59,7 @@ def test_char_split_is_by_position_with_a_vocabulary_of_the_training_part():
 
 
 def test_byte_split_covers_the_utf8_bytes_of_the_text():
-    corpus, _ = text.read_text()
+    corpus, _ = text.read_corpus()
     splits = text.load_text_dataset(tokenizer="byte")
     assert splits.vocab.size == 256 and splits.vocab.symbols == ()
     joined = np.concatenate([splits.train, splits.validation])
@@ -310,30 +310,30 @@ def test_a_folder_is_read_in_sorted_path_order(tmp_path):
     for name, content in files.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(content)
-    corpus, source = text.read_text(tmp_path)
+    corpus, source = text.read_corpus(tmp_path)
     assert corpus == "# a\nbee\nrst\nx = 1"
     assert source == f"{tmp_path} (4 files)"
     (tmp_path / "bom.txt").write_bytes("\ufeffé".encode())
-    assert text.read_text(tmp_path / "bom.txt") == ("é", str(tmp_path / "bom.txt"))
+    assert text.read_corpus(tmp_path / "bom.txt") == ("é", str(tmp_path / "bom.txt"))
 
 
 def test_bad_text_inputs_get_one_line(tmp_path):
-    missing = one_line_error(DataError, text.read_text, tmp_path / "nope.txt")
+    missing = one_line_error(DataError, text.read_corpus, tmp_path / "nope.txt")
     assert "nope.txt" in missing and "--data_dir" in missing
     (tmp_path / "empty.txt").write_text("")
-    assert "empty" in one_line_error(DataError, text.read_text, tmp_path / "empty.txt")
+    assert "empty" in one_line_error(DataError, text.read_corpus, tmp_path / "empty.txt")
     (tmp_path / "folder").mkdir()
-    assert "no text files" in one_line_error(DataError, text.read_text, tmp_path / "folder")
+    assert "no text files" in one_line_error(DataError, text.read_corpus, tmp_path / "folder")
     (tmp_path / "folder" / "blank.md").write_text("")
-    assert "empty" in one_line_error(DataError, text.read_text, tmp_path / "folder")
+    assert "empty" in one_line_error(DataError, text.read_corpus, tmp_path / "folder")
     (tmp_path / "nul.txt").write_bytes(b"hello\0world")
     message = one_line_error(DataError, text.load_text_dataset, tmp_path / "nul.txt")
     assert "nul.txt" in message and "offset 5" in message
     (tmp_path / "latin1.txt").write_bytes("abc é".encode("latin-1"))
-    message = one_line_error(DataError, text.read_text, tmp_path / "latin1.txt")
+    message = one_line_error(DataError, text.read_corpus, tmp_path / "latin1.txt")
     assert "latin1.txt" in message and "offset 4" in message and "0xe9" in message
     (tmp_path / "folder" / "x.txt").write_bytes(b"\xff\xfe")
-    assert "x.txt" in one_line_error(DataError, text.read_text, tmp_path / "folder")
+    assert "x.txt" in one_line_error(DataError, text.read_corpus, tmp_path / "folder")
 
 
 def test_a_text_shorter_than_one_window_says_how_much_is_needed(tmp_path):

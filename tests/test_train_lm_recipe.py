@@ -71,7 +71,7 @@ def test_tensorboard_holds_language_model_scalars_and_samples(short_run):
     assert [step for step, _ in train["epoch_bits_per_char"]] == [0, 1]
     assert validation["epoch_loss"][-1][1] == pytest.approx(metrics["validation_loss"], rel=1e-4)
     assert "epoch_bits_per_char" in validation and "epoch_perplexity" in validation
-    texts = summaries.read_text(model_dir / "logs" / "train")
+    texts = summaries.read_text_summaries(model_dir / "logs" / "train")
     assert {"samples/generated", "config/flags", "model/config",
             "export/validation_loss"} <= set(texts)
     # The learning rate warms up, then decays (warmup+cosine is the default here).
@@ -239,5 +239,6 @@ def test_pipeline_stages_train_like_the_unsplit_model(tmp_path):
     assert results["pipeline"]["validation_loss"] < TRAINED
     stages = results["pipeline"]["stages"]["stages"]
     assert stages[1]["layers"][0] == "block_1_ln_1" and stages[1]["device"].endswith("CPU:1")
-    table = summaries.read_text(tmp_path / "pipeline" / "logs" / "train")["parallel/stages"]
+    logs = tmp_path / "pipeline" / "logs" / "train"
+    table = summaries.read_text_summaries(logs)["parallel/stages"]
     assert "block_1_ln_1 .." in table

@@ -62,7 +62,7 @@ def test_tensorboard_event_files_hold_scalars_and_flags(short_run):
     assert all(v == pytest.approx(1e-3) for _, v in train["learning_rate"])
     validation = summaries.read_scalars(model_dir / "logs" / "validation")
     assert {"epoch_loss", "epoch_accuracy"} <= set(validation)
-    flags_text = summaries.read_text(model_dir / "logs" / "train")["config/flags"]
+    flags_text = summaries.read_text_summaries(model_dir / "logs" / "train")["config/flags"]
     assert "| epochs | 3 |" in flags_text and "| dataset | digits |" in flags_text
     test = summaries.read_scalars(model_dir / "logs" / "test")
     metrics = json.loads((model_dir / "metrics.json").read_text())
@@ -186,7 +186,7 @@ def test_plan_is_printed_logged_and_bounds_the_batch_size_search(tmp_path):
     assert "memory plan:" in proc.stdout and "batch 16 per device" in proc.stdout
     assert "FITS" in proc.stdout
     logdir = str(model_dir / "logs" / "train")
-    assert "| **total** |" in summaries.read_text(logdir)["memory/plan"]
+    assert "| **total** |" in summaries.read_text_summaries(logdir)["memory/plan"]
     assert "memory/plan_chart" in summaries.read_image_tags(logdir)
     assert (model_dir / "memory_plan.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -390,7 +390,8 @@ def test_pipeline_run_matches_the_unsplit_accuracy_and_logs_its_stages(tmp_path)
     assert [s["device"][-5:] for s in stages["stages"]] == ["CPU:0", "CPU:1"]
     assert stages["micro_batches"] == 4 and stages["bubble_fraction"] == pytest.approx(0.2)
     assert sum(s["parameters"] for s in stages["stages"]) == metrics["parameters"]
-    table = summaries.read_text(tmp_path / "pipeline" / "logs" / "train")["parallel/stages"]
+    logs = tmp_path / "pipeline" / "logs" / "train"
+    table = summaries.read_text_summaries(logs)["parallel/stages"]
     assert "| 1 | /device:CPU:1 |" in table and "bubble (K-1)/(M+K-1) = 0.200" in table
     assert table.splitlines()[0] in proc.stdout  # printed at the start as well
     # the exported model is the plain functional model, and scores what metrics.json says

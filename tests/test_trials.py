@@ -121,7 +121,7 @@ def test_recipe_auto_batch_size_with_accumulation_and_monitor(tmp_path):
     assert (f"--batch_size=auto chose {2 * best} (search "
             f"{metrics['batch_size_search_seconds']:.1f} s of a 60 s budget") in proc.stdout
     logs = model_dir / "logs" / "train"
-    assert summaries.read_text(logs)["performance/batch_size_search"].count("| ok |") == 3
+    assert summaries.read_text_summaries(logs)["performance/batch_size_search"].count("| ok |") == 3
     scalars = summaries.read_scalars(logs)
     assert scalars["memory/peak_rss_mb"][0][1] > 50
     steps = -(-1257 // (2 * best))
@@ -439,7 +439,7 @@ def test_recipe_auto_finishes_within_its_budget_and_keeps_the_fastest(tmp_path):
     assert (f"auto chose precision {chosen[0]}, jit_compile {chosen[1]} (trials "
             f"{metrics['auto_precision_seconds']:.1f} s of a 60 s budget)") in proc.stdout
     assert "| mixed_bfloat16 | False |" in proc.stdout  # the measured table, in the log
-    texts = summaries.read_text(model_dir / "logs" / "train")
+    texts = summaries.read_text_summaries(model_dir / "logs" / "train")
     assert texts["performance/auto_precision"].count("\n") == len(table) + 1
     assert "| status |" in texts["performance/auto_precision"]
     images = summaries.read_image_tags(model_dir / "logs" / "train")

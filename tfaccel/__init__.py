@@ -43,7 +43,7 @@ _EXPORTS = {
     ],
     "tfaccel.data.text": [
         "TextSplits", "Vocabulary", "build_vocabulary", "load_vocabulary", "load_text_dataset",
-        "read_text",
+        "read_corpus",
     ],
     "tfaccel.data.text_pipeline": ["text_dataset"],
     "tfaccel.train.models": ["MODELS", "build_model", "load_model_file", "resolve_model"],
@@ -69,8 +69,9 @@ _EXPORTS = {
         "remove_backup",
     ],
     "tfaccel.summaries": [
-        "read_scalars", "read_text", "read_image_tags", "ScalarLogger", "ThroughputLogger",
-        "LearningRateLogger", "tensorboard_command", "TensorBoard",
+        "read_scalars", "read_text_summaries", "read_image_tags", "ScalarLogger",
+        "ThroughputLogger", "LearningRateLogger", "tensorboard_command", "TensorBoard",
+        "read_text",  # deprecated (warns): what tfaccel.read_text was, read_text_summaries
     ],
     "tfaccel.distribute.strategy": ["STRATEGIES", "make_strategy", "split_cpu"],
     "tfaccel.parallel.stages": ["plan_stages", "StagePlan", "Stage"],

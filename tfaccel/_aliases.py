@@ -39,6 +39,8 @@ MOVED = {
     "tfaccel.scalar_file": "tfaccel.summaries",
     "tfaccel.keras_tensorboard": "tfaccel.summaries",
     "tfaccel.train.schedule_bridge": "tfaccel.train.schedules",
+    "tfaccel.train.backup_timing": "tfaccel.train.resume",
+    "tfaccel.train.backup_keras3": "tfaccel.train.resume",
 }
 
 

@@ -11,12 +11,13 @@ owns the file. `tensorboard_command`: what recipes print to see a run (localhost
 Example:
 
     summaries.write_text("runs/a/logs/train", "config/flags", "| flag | value |\\n|---|---|")
-    summaries.read_text("runs/a/logs/train")["config/flags"]
+    summaries.read_text_summaries("runs/a/logs/train")["config/flags"]
 """
 
 import os
 import shlex
 import time
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -25,7 +26,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from tfaccel import _compat
-from tfaccel.keras import flavour_of, is_keras3_object, keras
+from tfaccel.keras import flavour_of, keras
 
 
 class ScalarFile:
@@ -226,7 +227,7 @@ def read_scalars(logdir):
     return out
 
 
-def read_text(logdir):
+def read_text_summaries(logdir):
     """{tag: text} of the latest text summary of each tag in `logdir`."""
     acc = _load_events(logdir)
     out = {}
@@ -239,6 +240,14 @@ def read_text(logdir):
             flat = np.asarray(arr).reshape(-1)
             out[tag] = "\n".join(x.decode() if isinstance(x, bytes) else str(x) for x in flat)
     return out
+
+
+def read_text(logdir):
+    """Deprecated (kept for one release): `read_text_summaries`, which it calls."""
+    warnings.warn("read_text is deprecated: use tfaccel.read_text_summaries(logdir) for the "
+                  "TensorBoard text summaries it read (a language model's corpus is "
+                  "tfaccel.read_corpus)", DeprecationWarning, stacklevel=2)
+    return read_text_summaries(logdir)
 
 
 def read_image_tags(logdir):
@@ -348,16 +357,8 @@ class ThroughputLogger(EpochScalarLogger):
 
 def current_learning_rate(optimizer):
     """The optimizer's learning rate now, resolving a schedule at its current step."""
-    lr = getattr(optimizer, "learning_rate", None)
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
-    if inner is not None:
-        lr = inner.learning_rate
-        optimizer = inner
-    if is_keras3_object(optimizer):
-        return _compat.keras3_last_learning_rate(optimizer)
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        lr = lr(optimizer.iterations)
-    return float(keras.backend.get_value(lr))
+    return _compat.last_learning_rate(optimizer if inner is None else inner)
 
 
 class LearningRateLogger(ScalarLogger):

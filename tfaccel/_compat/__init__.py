@@ -38,8 +38,8 @@ from tfaccel._compat.graphs import (
 )
 from tfaccel._compat.keras3 import (
     is_keras3_functional,
-    keras3_last_learning_rate,
     keras3_operations,
+    last_learning_rate,
 )
 from tfaccel._compat.parallel import (
     builds_on,
@@ -84,7 +84,7 @@ __all__ = [
     "takes_logs_as_tensors",
     "is_keras3_functional",
     "keras3_operations",
-    "keras3_last_learning_rate",
+    "last_learning_rate",
     "graph_calls",
     "run_call",
     "builds_on",

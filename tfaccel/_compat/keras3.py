@@ -1,4 +1,5 @@
-"""Private touchpoints: Keras 3 (the `keras` package), for the bridge to tf_keras."""
+"""Private touchpoints: Keras 3 (the `keras` package), for the bridge to tf_keras and the
+learning rate a step used."""
 import numpy as np
 
 
@@ -23,19 +24,25 @@ def keras3_operations(model):
     return list(model._operations)
 
 
-def keras3_last_learning_rate(optimizer):
-    """The learning rate a Keras 3 optimizer's last step used (a float).
+def last_learning_rate(optimizer):
+    """The learning rate the last step of `optimizer` (of either Keras) used, as a float.
 
-    Keras 3's `optimizer.learning_rate` is the schedule at the current step, the
-    rate of the *next* step, where tf_keras's holds the rate of the last one;
-    this evaluates the schedule one step back. Relies on the private
-    `BaseOptimizer._learning_rate` (the schedule) and `_iterations` (the steps
-    counted as the schedule counts them, batches under gradient accumulation).
-    Checked: Keras 3.15.
+    tf_keras's `optimizer.learning_rate` holds it (a schedule is evaluated at the
+    optimizer's `iterations`). Keras 3's is the schedule at the current step, the
+    rate of the *next* step; for Keras 3 this evaluates the schedule one step
+    back. Relies on the private `BaseOptimizer._learning_rate` (the schedule)
+    and `_iterations` (the steps counted as the schedule counts them, batches
+    under gradient accumulation). Checked: Keras 3.15.
     """
 
-    from tfaccel.keras import keras3  # deferred: tf_keras (tfaccel.keras loads it)
+    # deferred: tf_keras (tfaccel.keras loads it)
+    from tfaccel.keras import is_keras3_object, keras, keras3
 
+    if not is_keras3_object(optimizer):
+        lr = getattr(optimizer, "learning_rate", None)
+        if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+            lr = lr(optimizer.iterations)
+        return float(keras.backend.get_value(lr))
     schedule = optimizer._learning_rate
     if not isinstance(schedule, keras3().optimizers.schedules.LearningRateSchedule):
         return float(np.asarray(optimizer.learning_rate))

@@ -60,15 +60,14 @@ from tfaccel.compress.pruning_plan import (  # also this module's names, as befo
 )
 from tfaccel.compress.sparsity import SparsityLogger
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import FLAVOURS, ensure_tf_keras, flavour_of, keras
-from tfaccel.keras.bridge import as_tf_keras, to_keras3
+from tfaccel.keras import check_flavour, clone_with_weights, ensure_tf_keras, flavour_of
+from tfaccel.keras.bridge import as_tf_keras, to_flavour
 from tfaccel.train import resume
 from tfaccel.train.models import load_model_file
 from tfaccel.train.precision import apply_precision
 
-# The pruned models `prune_to_sparsity` made from Keras 3 models: `strip_pruning` returns
-# them as Keras 3 models.
-_FROM_KERAS3 = weakref.WeakSet()
+# The Keras of the model each pruned model was made from: `strip_pruning` returns it in that Keras.
+_MADE_FROM = weakref.WeakKeyDictionary()
 
 
 def _mask_in_float32(model):
@@ -76,24 +75,6 @@ def _mask_in_float32(model):
     for wrapper in pruning_wrappers(model):
         _compat.mask_in_float32(wrapper)
     return model
-
-
-def _rebuild(model, names, wrap):
-    """A copy of `model` built in the current scope, layers in `names` wrapped, same weights."""
-    pairs = []
-
-    def clone_layer(layer):
-        if isinstance(layer, keras.Model):
-            return keras.models.clone_model(layer, clone_function=clone_layer)
-        new = type(layer).from_config(layer.get_config())
-        pairs.append((layer, new))
-        return wrap(new) if layer.name in names else new
-
-    clone = keras.models.clone_model(model, clone_function=clone_layer)
-    for old, new in pairs:
-        if old.weights:
-            new.set_weights(old.get_weights())
-    return clone
 
 
 def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=PruneConfig(), *,
@@ -154,12 +135,16 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     params = {"pruning_schedule": schedule, "block_pooling_type": config.block_pooling,
               "sparsity_m_by_n": tuple(config.m_by_n) if config.m_by_n else None}
 
-    def wrap(layer):
+    pruned_names = set(plan.pruned)
+
+    def wrap(layer, new):
+        if layer.name not in pruned_names:
+            return new
         block = (1, 1) if layer.name in plan.element_wise else tuple(config.block_size)
-        return _compat.pruning_wrapper_class()(layer, block_size=block, **params)
+        return _compat.pruning_wrapper_class()(new, block_size=block, **params)
 
     try:
-        pruned = _rebuild(model, set(plan.pruned), wrap)
+        pruned = clone_with_weights(model, wrap=wrap)  # built in the current scope
     except ValueError as e:
         raise ModelError(f"TF-MOT cannot prune {model.name!r}: {first_line(e)}") from None
     _mask_in_float32(pruned)
@@ -178,8 +163,7 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     callbacks.append(tfmot().sparsity.keras.UpdatePruningStep())
     if logdir:
         callbacks.append(SparsityLogger(logdir))
-    if flavour == "keras3":
-        _FROM_KERAS3.add(pruned)
+    _MADE_FROM[pruned] = flavour
     return pruned, callbacks
 
 
@@ -218,16 +202,15 @@ def strip_pruning(model, float32=False, flavour=None):
       ConfigError: unknown `flavour`.
       ModelError / UnsupportedLayerError: the Keras 3 translation fails its check.
     """
-    if flavour is not None and flavour not in FLAVOURS:
-        raise ConfigError(f"flavour={flavour!r}: use one of {', '.join(FLAVOURS)}")
+    if flavour is not None:
+        check_flavour(flavour)
     ensure_tf_keras(model)
-    if flavour is None:
-        flavour = "keras3" if model in _FROM_KERAS3 else "tf_keras"
+    flavour = flavour or _MADE_FROM.get(model, "tf_keras")
     apply_masks(model)
     stripped = tfmot().sparsity.keras.strip_pruning(model)
     if float32:
         stripped = apply_precision(stripped, "float32")
-    return to_keras3(stripped) if flavour == "keras3" else stripped
+    return to_flavour(stripped, flavour)
 
 
 def load_pruned_model(path):

@@ -42,7 +42,7 @@ from tfaccel import _compat
 from tfaccel.compress import prune
 from tfaccel.compress.pruning_plan import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.keras import clone_with_weights, ensure_tf_keras, keras
 from tfaccel.keras.bridge import as_tf_keras
 from tfaccel.train.precision import apply_precision, precision_scope
 
@@ -285,14 +285,13 @@ def quantize_aware(model, scheme="default", only_layers=None, skip_layers=None):
         if chosen == every_layer and not same_scale:
             annotated = tfmot_keras.quantize_annotate_model(model)
         else:
-            def annotate(layer):
+            def annotate(layer, new):
                 if layer.name not in chosen:
-                    return layer
+                    return new
                 config = no_op() if layer.name in same_scale else None
-                return tfmot_keras.quantize_annotate_layer(layer, config)
+                return tfmot_keras.quantize_annotate_layer(new, config)
 
-            annotated = keras.models.clone_model(model, clone_function=annotate)
-            annotated.set_weights(model.get_weights())
+            annotated = clone_with_weights(model, wrap=annotate, nested=False)
         if scheme == "prune_preserve":
             quantize_scheme = tfmot_keras.collab_opts.Default8BitPrunePreserveQuantizeScheme()
         else:

@@ -30,7 +30,7 @@ from tfaccel.compress.pruning_plan import (
 from tfaccel.compress.tflite import convert_to_tflite
 from tfaccel.errors import ConfigError, ModelError
 from tfaccel.io import atomic_path, file_size, gzipped_size
-from tfaccel.keras import keras
+from tfaccel.keras import clone_with_weights
 from tfaccel.keras.bridge import as_tf_keras
 from tfaccel.train.precision import apply_precision
 
@@ -150,9 +150,7 @@ def save_without_optimizer(model, path):
     with atomic_path(path) as tmp:
         if str(path).endswith(".keras"):
             # The .keras format always writes a compiled model's optimizer: save an uncompiled copy.
-            copy = keras.models.clone_model(model)
-            copy.set_weights(model.get_weights())
-            copy.save(tmp)
+            clone_with_weights(model).save(tmp)
         else:
             model.save(tmp, include_optimizer=False)
     return path

@@ -25,7 +25,8 @@ from tfaccel.data.text import (
     build_vocabulary,
     load_text_dataset,
     load_vocabulary,
-    read_text,
+    read_corpus,
+    read_text,  # deprecated: read_corpus
     text_dataset,
 )
 from tfaccel.data.tfds import load_tfds
@@ -58,6 +59,7 @@ __all__ = [
     "load_tfrecord",
     "parse_feature_spec",
     "pipeline_options",
+    "read_corpus",
     "read_text",
     "scan_tfrecords",
     "steps_per_epoch",

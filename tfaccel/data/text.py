@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import json
 import os
+import warnings
 
 import numpy as np
 
@@ -43,7 +44,7 @@ _FORMAT = "tfaccel.vocabulary"
 
 __all__ = ["DEFAULT_CORPUS", "TOKENIZERS", "TextSplits", "UNKNOWN", "Vocabulary",
            "build_vocabulary", "load_text_dataset", "load_vocabulary", "num_windows",
-           "read_text", "text_dataset"]
+           "read_corpus", "read_text", "text_dataset"]
 
 
 # ------------------------------------------------------------------ reading
@@ -72,13 +73,13 @@ def _text_files(folder):
     return [os.path.join(folder, f) for f in sorted(found)]
 
 
-def read_text(data_dir=None):
+def read_corpus(data_dir=None):
     """The text of a corpus and a description of where it came from.
 
     Example:
 
-        text, source = read_text()            # the stdlib corpus, 465,048 characters
-        text, source = read_text("notes/")    # every *.txt, *.md, *.rst, *.py below notes/
+        text, source = read_corpus()            # the stdlib corpus, 465,048 characters
+        text, source = read_corpus("notes/")    # every *.txt, *.md, *.rst, *.py below notes/
 
     Args:
       data_dir: None for ``pydoc_data.topics`` (its topics joined with newlines, keys in
@@ -298,6 +299,13 @@ def _characters_needed(length, fraction):
     return n
 
 
+def read_text(data_dir=None):
+    """Deprecated (kept for one release): `read_corpus`, which it calls."""
+    warnings.warn("tfaccel.data.text.read_text is deprecated: use read_corpus(data_dir) "
+                  "(tfaccel.read_corpus), the same reader", DeprecationWarning, stacklevel=2)
+    return read_corpus(data_dir)
+
+
 def load_text_dataset(data_dir=None, tokenizer="char", sequence_length=64,
                       validation_fraction=0.1):
     """Reads, tokenizes and splits a text by position (train first, validation last).
@@ -308,7 +316,7 @@ def load_text_dataset(data_dir=None, tokenizer="char", sequence_length=64,
         splits.vocab.size        # 256
 
     Args:
-      data_dir: see `read_text` (None: the stdlib corpus).
+      data_dir: see `read_corpus` (None: the stdlib corpus).
       tokenizer: 'char' or 'byte' (`TOKENIZERS`).
       sequence_length: tokens per window; each part must hold one window plus its target.
       validation_fraction: the share of characters, at the end of the text, kept for
@@ -320,7 +328,7 @@ def load_text_dataset(data_dir=None, tokenizer="char", sequence_length=64,
     Raises:
       ConfigError: a tokenizer that is not one of `TOKENIZERS`, a sequence length that is
         not a positive integer, a fraction outside (0, 1).
-      DataError: what `read_text` refuses, or a part shorter than one window (the message
+      DataError: what `read_corpus` refuses, or a part shorter than one window (the message
         says how many characters are needed).
     """
     _check_kind(tokenizer)
@@ -328,7 +336,7 @@ def load_text_dataset(data_dir=None, tokenizer="char", sequence_length=64,
     if not 0 < validation_fraction < 1:
         raise ConfigError(f"validation_fraction={validation_fraction} must be between 0 and 1 "
                           "(exclusive), e.g. 0.1")
-    text, source = read_text(data_dir)
+    text, source = read_corpus(data_dir)
     cut = len(text) - _validation_chars(len(text), validation_fraction)
 
     def check(name, num_tokens):

@@ -18,10 +18,17 @@ Example:
     ensure_tf_keras(model)   # passes; a Keras 3 model raises WrongKerasError
     flavour_of(model)                              # 'tf_keras'
     flavour_of(keras3().layers.Dense(2))           # 'keras3'
+
+What differs between the two Kerases when a helper picks a class or writes a file sits
+here too, as small functions that take either Keras's objects: `clone_with_weights` (the
+one layer-by-layer copy of a model), `set_global_policy` (both Kerases' dtype policy),
+`save_for_serving` and `saved_flavour` (SavedModels and model files), `check_flavour`.
 """
 
+import json
 import os
 import sys
+import zipfile
 
 import tensorflow as tf
 import tf_keras as keras
@@ -98,18 +105,24 @@ def keras3_if_loaded():
     return module if version.startswith("3.") else None
 
 
+def check_flavour(flavour: str) -> str:
+    """Returns `flavour` if it names a Keras tfaccel knows ('tf_keras' or 'keras3').
+
+    Raises:
+      ConfigError: an unknown flavour.
+    """
+    if flavour not in FLAVOURS:
+        raise ConfigError(f"unknown Keras flavour={flavour!r}: use one of {', '.join(FLAVOURS)}")
+    return flavour
+
+
 def keras_for(flavour: str):
     """The Keras package of `flavour` ('tf_keras' or 'keras3'): `tf_keras` or Keras 3.
 
     Raises:
       ConfigError: an unknown flavour.
     """
-    if flavour == "tf_keras":
-        return keras
-    if flavour == "keras3":
-        return keras3()
-
-    raise ConfigError(f"unknown Keras {flavour!r}: use one of {', '.join(FLAVOURS)}")
+    return keras3() if check_flavour(flavour) == "keras3" else keras
 
 
 def keras_of(obj):
@@ -122,6 +135,109 @@ def keras_of(obj):
       ModelError: `obj` is an instance of neither Keras.
     """
     return keras_for(flavour_of(obj))
+
+
+def _from_config(layer):
+    return type(layer).from_config(layer.get_config())
+
+
+def clone_with_weights(model, clone_layer=None, *, wrap=None, nested=True):
+    """A copy of a Sequential or functional `model` (either Keras) holding the same weights.
+
+    The one way tfaccel copies a model layer by layer: the model's own Keras's
+    `clone_model` calls `clone_layer(layer)` for each layer (by default a new layer
+    of the same class and config), `wrap(layer, new)` may put the new layer in a
+    wrapper (pruning, a QAT annotation), and each new layer then gets the weights
+    of the layer it stands for, so a layer may change its dtype policy or its
+    wrapper (which changes the model's order of weights) and keep its values. The
+    copy's variables are created in the current strategy scope; it is not compiled.
+
+    Example:
+
+        copy = clone_with_weights(model)                     # same outputs, new variables
+        half = clone_with_weights(model, lambda layer: type(layer).from_config(
+            {**layer.get_config(), "dtype": "mixed_bfloat16"}))
+
+    Args:
+      model: a built Sequential or functional model of either Keras.
+      clone_layer: fn(layer) -> the unbuilt layer that stands for `layer` in the copy.
+      wrap: fn(layer, new) -> what the copy calls in place of `layer`: `new` or a
+        wrapper around it (the weights go into `new`).
+      nested: copy the layers of a nested model one by one too (`clone_layer` sees
+        them, not the nested model); False hands a nested model to `clone_layer`.
+
+    Returns:
+      The copy.
+
+    Raises:
+      ValueError: a subclassed model (Keras cannot clone it); whatever `clone_layer` or
+        `wrap` raise.
+    """
+    k = keras_of(model)
+    clone_layer = clone_layer or _from_config
+    pairs = []
+
+    def clone(layer):
+        if nested and isinstance(layer, k.Model):
+            return k.models.clone_model(layer, clone_function=clone)
+        new = clone_layer(layer)
+        pairs.append((layer, new))
+        return wrap(layer, new) if wrap is not None else new
+
+    copy = k.models.clone_model(model, clone_function=clone)
+    for old, new in pairs:
+        if old.weights:
+            new.set_weights(old.get_weights())
+    return copy
+
+
+def set_global_policy(name: str) -> str:
+    """Sets the global dtype policy `name` of tf_keras and, if imported, Keras 3.
+
+    Keras 3 is not imported for this: a program that has not imported it builds
+    no Keras 3 model.
+
+    Returns:
+      The name of tf_keras's previous global policy.
+    """
+    previous = keras.mixed_precision.global_policy().name
+    keras.mixed_precision.set_global_policy(name)
+    keras_3 = keras3_if_loaded()
+    if keras_3 is not None:
+        keras_3.config.set_dtype_policy(name)
+    return previous
+
+
+def save_for_serving(model, path):
+    """Writes `model` (either Keras) to `path` as a SavedModel for serving, without optimizer.
+
+    tf_keras saves one with `model.save`; Keras 3 writes SavedModels only through
+    `model.export`.
+    """
+    if is_keras3_object(model):
+        model.export(path, format="tf_saved_model", verbose=False)
+    else:
+        model.save(path, save_format="tf", include_optimizer=False)
+    return path
+
+
+def saved_flavour(path):
+    """(flavour, version) of the Keras that wrote the model file `path`.
+
+    ('keras3', '3.15.1') for a .keras file written by Keras 3 (its metadata.json
+    says so); ('tf_keras', version) for one written by tf_keras, and
+    ('tf_keras', None) for anything else (.h5 files, SavedModel directories,
+    which tf_keras reads).
+    """
+    version = None
+    if os.path.isfile(path) and zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                metadata = json.loads(archive.read("metadata.json"))
+            version = str(metadata.get("keras_version") or "") or None
+        except (KeyError, ValueError, OSError, zipfile.BadZipFile):
+            version = None
+    return ("keras3" if version and not version.startswith("2.") else "tf_keras"), version
 
 
 def ensure_tf_keras(obj, what: str = "model"):
@@ -205,5 +321,6 @@ def input_specs(model, batch_size=None, sequence_length=None):
 __getattr__ = _aliases.submodule_getattr(__name__)  # tfaccel.keras.bridge, loaded on first use
 
 __all__ = ["keras", "keras3_if_loaded", "keras_for", "keras_of", "ensure_tf_keras",
-           "is_keras3_object", "flavour_of", "keras3", "FLAVOURS",
+           "is_keras3_object", "flavour_of", "keras3", "FLAVOURS", "check_flavour",
+           "clone_with_weights", "set_global_policy", "save_for_serving", "saved_flavour",
            "tfmot", "input_specs"]

@@ -35,7 +35,7 @@ from absl import logging
 
 from tfaccel import _compat
 from tfaccel.errors import ModelError, UnsupportedLayerError, first_line
-from tfaccel.keras import flavour_of, keras, keras3, translate
+from tfaccel.keras import check_flavour, flavour_of, keras, keras3, translate
 
 _FIX = ("ways out: rebuild those parts from standard Keras layers (e.g. a Lambda or `x * 2` "
         "-> keras.layers.Rescaling(2.0), an op -> its layer, such as keras.layers.Add or "
@@ -294,9 +294,24 @@ def to_keras3(model2, sample=None, atol=1e-5):
     return _cross(model2, "keras3", sample, atol)
 
 
+def to_flavour(model, flavour, sample=None, atol=1e-5):
+    """`model` in Keras `flavour` ('tf_keras', 'keras3'; None: as it is), translated if need be.
+
+    A model already of that Keras is returned as it is; one of the other Keras
+    comes back as its verified translation (`to_tf_keras`, `to_keras3`).
+
+    Raises:
+      ConfigError: an unknown flavour.
+      UnsupportedLayerError, ModelError: as `to_tf_keras`.
+    """
+    if flavour is None or flavour_of(model) == check_flavour(flavour):
+        return model
+    return _cross(model, flavour, sample, atol)
+
+
 def as_tf_keras(model, sample=None, atol=1e-5):
     """`model` if it is tf_keras, its verified tf_keras translation if it is Keras 3.
 
     What the TF-MOT helpers call on the model they are given.
     """
-    return to_tf_keras(model, sample, atol) if flavour_of(model) == "keras3" else model
+    return to_flavour(model, "tf_keras", sample, atol)

@@ -40,7 +40,7 @@ import tensorflow as tf
 
 from tfaccel import _compat, choices
 from tfaccel.errors import ConfigError, ModelError
-from tfaccel.keras import keras
+from tfaccel.keras import clone_with_weights, keras
 from tfaccel.parallel import stages as stages_lib
 
 __all__ = ["PARALLEL_MODES", "PipelineModel", "pipeline_parallel", "model_parallel",
@@ -78,9 +78,7 @@ def _placed_clone(model, plan):
                 stack.enter_context(_compat.builds_on(new, device_of[layer.name]))
             return new
 
-        placed = keras.models.clone_model(model, clone_function=clone)
-    placed.set_weights(model.get_weights())
-    return placed
+        return clone_with_weights(model, clone, nested=False)
 
 
 def pipeline_parallel(model, num_stages=None, boundaries=None, devices=None, micro_batches=1,

@@ -14,17 +14,15 @@ Example:
 
 import importlib
 import inspect
-import json
 import os
 import traceback
-import zipfile
 
 import numpy as np
 
 from tfaccel import _compat
 from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError, first_line
-from tfaccel.keras import bridge, flavour_of, keras, keras_for
+from tfaccel.keras import bridge, flavour_of, keras, keras_for, saved_flavour
 from tfaccel.train.precision import precision_scope
 from tfaccel.train.schedules import keras3_schedule_class
 
@@ -142,16 +140,18 @@ def load_model_file(path, compile=False):
         raise ModelError(f"model file {path!r} does not exist: give {MODEL_FILE_HINT}, "
                          f"or one of {', '.join(MODELS)}")
 
-    saved_by = _keras_version_of(path)
-    by_keras3 = bool(saved_by) and not saved_by.startswith("2.")
-    if by_keras3:
+    flavour, version = saved_flavour(path)
+    if flavour == "keras3":
         keras3_schedule_class()  # registers it: a saved Keras 3 optimizer may hold one
-    loader = keras_for("keras3" if by_keras3 else "tf_keras")
+        saved_by = f"Keras {version}"
+    else:
+        saved_by = "tf_keras"
+    loader = keras_for(flavour)
     try:
         model = loader.models.load_model(path, compile=compile)
     except Exception as e:  # loaders raise many types for a bad file
         raise ModelError(f"cannot load model {path!r} ({first_line(e)}): give {MODEL_FILE_HINT} "
-                         f"saved by {'Keras ' + saved_by if by_keras3 else 'tf_keras'}") from None
+                         f"saved by {saved_by}") from None
     if not isinstance(model, loader.Model):
         raise ModelError(f"{path!r} holds a {type(model).__name__}, not a Keras model: save it "
                          "with model.save()")
@@ -167,24 +167,11 @@ def as_flavour(model, flavour, what="model"):
     """
     if flavour is None or flavour_of(model) == flavour:
         return model
-
     try:
-        return (bridge.to_keras3 if flavour == "keras3" else bridge.to_tf_keras)(model)
+        return bridge.to_flavour(model, flavour)
     except (ModelError, WrongKerasError) as e:
         raise ModelError(f"{what} {model.name!r} is a {flavour_of(model)} model and cannot "
                          f"become a {flavour} one: {e}") from None
-
-
-def _keras_version_of(path):
-    """The Keras version that wrote a .keras file (from its metadata.json), else None."""
-
-    if not (os.path.isfile(path) and zipfile.is_zipfile(path)):
-        return None
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return str(json.loads(archive.read("metadata.json")).get("keras_version") or "") or None
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile):
-        return None
 
 
 def model_from_fn(spec, input_shape, num_classes):

@@ -34,7 +34,7 @@ import tensorflow as tf
 from tfaccel import _compat, doctor
 from tfaccel.choices import JIT_CHOICES, PRECISIONS
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import keras, keras3_if_loaded, keras_of
+from tfaccel.keras import clone_with_weights, keras, keras_of, set_global_policy
 
 _MIN_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
@@ -63,13 +63,7 @@ def set_precision(name):
 
     Keras 3 is not imported for this: a program that has not imported it builds no Keras 3 model.
     """
-    check_precision(name)
-    previous = keras.mixed_precision.global_policy().name
-    keras.mixed_precision.set_global_policy(name)
-    keras_3 = keras3_if_loaded()
-    if keras_3 is not None:
-        keras_3.config.set_dtype_policy(name)
-    return previous
+    return set_global_policy(check_precision(name))
 
 
 @contextlib.contextmanager
@@ -135,19 +129,15 @@ def outputs_are_float32(model):
     return all(t.dtype == tf.float32 for t in tf.nest.flatten(model.outputs))
 
 
-def _clone(model, name, float32_outputs):
+def _clone(model, name):
     """A copy of a graph model with the same weights, its layers under `name`.
 
-    With `float32_outputs` the layers producing the outputs are float32; a
-    nested model is cloned the same way, all its layers under `name`.
+    The layers producing the outputs are float32; a nested model is cloned the
+    same way, all its layers under `name`.
     """
-    outputs = {id(layer) for layer in _compat.output_layers(model)} if float32_outputs else set()
-
-    k = keras_of(model)
+    outputs = {id(layer) for layer in _compat.output_layers(model)}
 
     def clone_layer(layer):
-        if isinstance(layer, k.Model):
-            return _clone(layer, name, float32_outputs=False)
         config = layer.get_config()
         config["dtype"] = "float32" if id(layer) in outputs else name
         try:
@@ -157,9 +147,7 @@ def _clone(model, name, float32_outputs):
                              f"{name} ({first_line(e, with_type=True)}): set the policy before "
                              "building the model instead") from None
 
-    clone = k.models.clone_model(model, clone_function=clone_layer)
-    clone.set_weights(model.get_weights())
-    return clone
+    return clone_with_weights(model, clone_layer)
 
 
 def _with_dtype(config, name):
@@ -228,7 +216,7 @@ def apply_precision(model, name, *, copy=False):
         outputs = {id(layer) for layer in _compat.output_layers(model)}
         if outputs_are_float32(model) and _computes_under(model, name, outputs) and not copy:
             return model
-        return _clone(model, name, float32_outputs=True)
+        return _clone(model, name)
     if _computes_under(model, name) and not copy:
         return model
     if not copy and not _compat.is_graph_network(model):

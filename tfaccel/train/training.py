@@ -23,7 +23,7 @@ from tfaccel import _compat, distribute
 from tfaccel.choices import OPTIMIZERS
 from tfaccel.errors import ConfigError, TrainingError
 from tfaccel.io import atomic_path
-from tfaccel.keras import keras, keras_for, keras_of
+from tfaccel.keras import keras, keras_for, keras_of, save_for_serving
 from tfaccel.summaries import current_learning_rate
 from tfaccel.train import resume
 from tfaccel.train.schedules import for_keras
@@ -56,8 +56,7 @@ def make_optimizer(name, learning_rate, weight_decay=1e-4, *, beta_2=0.999, clip
                               "model use tfaccel.enable_gradient_accumulation(model, steps)")
         options["gradient_accumulation_steps"] = int(accumulation_steps)
     keras = keras_for(flavour)
-    if flavour == "keras3":
-        learning_rate = for_keras(learning_rate, "keras3", accumulation_steps or 1)
+    learning_rate = for_keras(learning_rate, flavour, accumulation_steps or 1)
     if name == "sgd":
         return keras.optimizers.SGD(learning_rate, **options)
     if name == "momentum":
@@ -115,10 +114,7 @@ def export_model(model, directory, keras_name="model.keras", saved_model_name="s
     with atomic_path(keras_path) as tmp:
         model.save(tmp)
     with atomic_path(saved_path) as tmp:
-        if keras_of(model) is keras:
-            model.save(tmp, save_format="tf", include_optimizer=False)
-        else:  # Keras 3 writes SavedModels for serving only, through export()
-            model.export(tmp, format="tf_saved_model", verbose=False)
+        save_for_serving(model, tmp)
     return {"keras": keras_path, "saved_model": saved_path}
 
 
