@@ -69,23 +69,11 @@ def resolve_budget(budget_seconds, epoch_seconds=None):
     return float(budget_seconds)
 
 
-class _DeadlineTimer(monitor.StepTimer):
-    """A `StepTimer` that ends `fit` after the step during which `deadline` passed."""
-
-    def __init__(self, deadline, clock):
-        super().__init__()
-        self._deadline, self._clock = deadline, clock
-
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)
-        if self._clock() >= self._deadline:
-            self.model.stop_training = True  # read by fit after each step
-
-
 def timed_steps(model, dataset, steps, deadline=None, clock=time.perf_counter):
     """Trains a compiled `model` for up to `steps` steps of `dataset.repeat()`; their seconds.
 
-    Training stops early after the step during which `clock()` passed
+    `tfaccel.monitor.time_fit` with no warm-up, as a list (kept for its callers):
+    training stops early after the step during which `clock()` passed
     `deadline` (at least one step always runs). The first step of a call
     includes tracing (and XLA compilation) for a new input shape. It changes
     the model's weights: pass a copy.
@@ -100,11 +88,7 @@ def timed_steps(model, dataset, steps, deadline=None, clock=time.perf_counter):
     Returns:
       The wall seconds of each step run, in order (between 1 and `steps` values).
     """
-    if steps < 1:
-        raise ConfigError(f"steps={steps} must be at least 1")
-    timer = _DeadlineTimer(float("inf") if deadline is None else deadline, clock)
-    model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
-    return list(timer.step_seconds)
+    return list(monitor.time_fit(model, dataset, steps, deadline=deadline, clock=clock).seconds)
 
 
 def first_step_batch(batch_size, multiple=1):
