@@ -174,15 +174,20 @@ def epoch_rate(dataset):
     """
     import tensorflow as tf
 
-    images, cpu, start = 0, time.process_time(), time.perf_counter()
+    from tfaccel import monitor
+
+    clock, images, cpu = monitor.StepClock(), 0, time.process_time()
+    clock.start()
     iterator = iter(dataset)
     for x, _ in iterator:
         images += int(tf.shape(x)[0])
-    last = time.perf_counter()
+    clock.lap()  # the batches; then the teardown
     del iterator  # the only reference: the iterator is destroyed here
-    end, busy = time.perf_counter(), time.process_time() - cpu
-    return {"rate": images / (end - start), "steady": images / (last - start),
-            "teardown": end - last, "images": images, "cores": busy / (end - start)}
+    clock.stop()
+    busy, (batches, teardown) = time.process_time() - cpu, clock.times().seconds
+    wall = batches + teardown
+    return {"rate": images / wall, "steady": images / batches, "teardown": teardown,
+            "images": images, "cores": busy / wall}
 
 
 def main(argv):
@@ -193,7 +198,7 @@ def main(argv):
         memory.use_pooled_host_allocator()
     import numpy as np
 
-    from tfaccel import doctor, io, plots, summaries
+    from tfaccel import doctor, plots, summaries
 
     data_dir = FLAGS.data_dir or tempfile.mkdtemp(prefix="bench_data-")
     print(f"writing {FLAGS.num_images} synthetic {FLAGS.source_size}x{FLAGS.source_size} JPEGs "
@@ -272,27 +277,21 @@ def main(argv):
               f"{'' if in_effect else ' (NOT IN EFFECT)'}; {doctor.machine_summary()}")
     print("\n" + header + "\n\n" + table + "\n\n" + check_table)
 
-    out = FLAGS.output_dir
-    io.write_json(os.path.join(out, "bench_data.json"),
-                  {"config": {k: FLAGS[k].value for k in ("num_images", "source_size", "image_size",
-                                                          "batch_size", "shards", "repeats",
-                                                          "host_allocator")},
-                   "machine": doctor.machine_summary(),
-                   "runs": runs, "best": best, "best_steady": steady, "ratios": ratios,
-                   "paired_ratios": paired, "best_ratios": best_ratios, "targets": checks,
-                   "load_average": loads,
-                   "command": " ".join(["python", *sys.argv])})
-    png = os.path.join(out, "bench_data.png")
+    png = os.path.join(FLAGS.output_dir, "bench_data.png")
     # log scale: first epochs (~10^3) and cached ones (~10^4-10^5) on one axis
     plots.plot_rates(names, [best[n] for n in names], png,
                      "images/s (best of runs, log scale)", header, log_scale=True)
-    logdir = os.path.join(out, "logs")
-    summaries.write_text(logdir, "bench_data/report",
-                         header + "\n\n" + table + "\n\n" + check_table)
-    summaries.write_scalars(logdir, {f"bench_data/{n.replace(' ', '_')}_images_per_sec": best[n]
-                                     for n in names})
-    summaries.write_png(logdir, "bench_data/plot", png)
-    print(f"\nwrote {out}: bench_data.json, bench_data.png, logs/")
+    config = {k: FLAGS[k].value for k in ("num_images", "source_size", "image_size",
+                                          "batch_size", "shards", "repeats", "host_allocator")}
+    _cli.write_outputs(
+        "bench_data",
+        {"config": config, "machine": doctor.machine_summary(), "runs": runs, "best": best,
+         "best_steady": steady, "ratios": ratios, "paired_ratios": paired,
+         "best_ratios": best_ratios, "targets": checks, "load_average": loads,
+         "command": " ".join(["python", *sys.argv])},
+        header + "\n\n" + table + "\n\n" + check_table, png,
+        {f"bench_data/{n.replace(' ', '_')}_images_per_sec": best[n] for n in names},
+        tags=("bench_data/report", "bench_data/plot"))
     return 0 if all(c["met"] for c in checks) else 1
 
 

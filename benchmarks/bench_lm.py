@@ -41,14 +41,10 @@ TARGET = 0.95  # recipe tokens/s over bare tokens/s, at least
 
 def main(argv):
     del argv  # stray arguments were rejected with the flags
-    import contextlib
-    import shutil
     import statistics
-    import tempfile
 
-    from tfaccel import doctor, io, plots, summaries
+    from tfaccel import doctor, plots, summaries
     from tfaccel.keras import keras
-    from tfaccel.performance import memory
     from tfaccel.train import language_model, precision, resume
 
     length = lm_common.sequence_length()
@@ -74,72 +70,49 @@ def main(argv):
                                          FLAGS.grad_accum_steps)
         return model
 
+    def recipe_callbacks(run_dir):
+        train_logdir = os.path.join(run_dir, "logs", "train")
+        extra = [language_model.LanguageModelMetrics(length, unit)]
+        if FLAGS.sample_tokens:
+            extra.append(language_model.SampleLogger(
+                train_logdir, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens, seed=FLAGS.seed,
+                printer=None))
+        return common.fit_callbacks(run_dir, os.path.join(run_dir, "logs"),
+                                    os.path.join(run_dir, "backup"), FLAGS.backup_freq,
+                                    data_epoch, printer=lambda line: None, extra=extra).callbacks
+
+    def fit(model, callbacks, verbose):
+        return model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
+                         steps_per_epoch=inputs.steps_per_epoch, callbacks=callbacks,
+                         verbose=verbose)
+
     def run(side, log):
-        model, clock, calls, callbacks = build(), timing.epoch_clock(), {}, []
-        run_dir = tempfile.mkdtemp(prefix=f"{side}-", dir=FLAGS.output_dir)
-        try:
-            if side == "bare":
-                callbacks, verbose = [], 0
-            else:
-                train_logdir = os.path.join(run_dir, "logs", "train")
-                extra = [language_model.LanguageModelMetrics(length, unit)]
-                if FLAGS.sample_tokens:
-                    extra.append(language_model.SampleLogger(
-                        train_logdir, splits.vocab, FLAGS.prompt, FLAGS.sample_tokens,
-                        seed=FLAGS.seed, printer=None))
-                fit = common.fit_callbacks(run_dir, os.path.join(run_dir, "logs"),
-                                           os.path.join(run_dir, "backup"), FLAGS.backup_freq,
-                                           data_epoch, printer=lambda line: None, extra=extra)
-                callbacks, verbose = fit.callbacks, 2
-                timing.time_hooks(callbacks, calls)
-            with contextlib.redirect_stdout(log):  # the recipe's per-epoch lines, to fit.log
-                history = model.fit(inputs.train, validation_data=inputs.validation,
-                                    epochs=FLAGS.epochs, steps_per_epoch=inputs.steps_per_epoch,
-                                    callbacks=[*callbacks, clock], verbose=verbose)
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            timing.unwrap_hooks(callbacks)  # data_epoch serves every run
-        del model
-        memory.free_memory()
-        return {"epoch_seconds": timing.steady_epochs(clock.marks),
-                "train_seconds": timing.steady_training(clock),
-                "fit_seconds": clock.marks[-1] - clock.marks[0],
-                "val_loss": float(history.history["val_loss"][-1]),
-                "callback_seconds": {name: timing.per_epoch(c, clock.marks)
-                                     for name, c in calls.items()}}
+        measured, history = timing.run_side(side, build, recipe_callbacks, fit,
+                                            FLAGS.output_dir, log)
+        return dict(measured, val_loss=float(history.history["val_loss"][-1]))
 
     with open(os.path.join(FLAGS.output_dir, "fit.log"), "w") as log:
         runs = timing.alternate(FLAGS.rounds, lambda side: run(side, log),
                                 printer=lambda line: print(line, flush=True))
 
-    def median_of(side, key):
-        return statistics.median(s for run_ in runs if run_["side"] == side for s in run_[key])
-
-    rates = {side: tokens_per_epoch / median_of(side, "train_seconds")
-             for side in ("bare", "recipe")}
-    wall = {side: tokens_per_epoch / median_of(side, "epoch_seconds")
-            for side in ("bare", "recipe")}
+    train = {side: timing.steady(runs, side, "train_seconds") for side in ("bare", "recipe")}
+    epochs = {side: timing.steady(runs, side) for side in ("bare", "recipe")}
+    rates = {side: train[side].rate(tokens_per_epoch) for side in train}
+    wall = {side: epochs[side].rate(tokens_per_epoch) for side in epochs}
     ratio, wall_ratio = rates["recipe"] / rates["bare"], wall["recipe"] / wall["bare"]
-    per_round = []
-    for r in range(FLAGS.rounds):
-        side = {run_["side"]: run_["train_seconds"] for run_ in runs if run_["round"] == r}
-        per_round.append(statistics.median(side["bare"]) / statistics.median(side["recipe"]))
+    per_round = [1 / r for r in timing.round_ratios(runs, "train_seconds")]  # of tokens/s
     recipe_runs = [run_ for run_ in runs if run_["side"] == "recipe"]
     val_loss = statistics.median(run_["val_loss"] for run_ in recipe_runs)
     fit_seconds = max(run_["fit_seconds"] for run_ in recipe_runs)
     met = ratio >= TARGET
-    costs = {}
-    for run_ in runs:
-        for name, seconds in run_["callback_seconds"].items():
-            costs.setdefault(name, []).extend(seconds)
     rows = [{"what": "bare fit (validation, no callbacks)", "train_tokens_per_sec": rates["bare"],
              "epoch_tokens_per_sec": wall["bare"],
-             "median_epoch_ms": 1000 * median_of("bare", "epoch_seconds")},
+             "median_epoch_ms": 1000 * epochs["bare"].median},
             {"what": "recipe (train_lm.py's callbacks)", "train_tokens_per_sec": rates["recipe"],
              "epoch_tokens_per_sec": wall["recipe"],
-             "median_epoch_ms": 1000 * median_of("recipe", "epoch_seconds")}]
-    rows += [{"what": f"  {name}", "median_epoch_ms": 1000 * statistics.median(s)}
-             for name, s in costs.items()]
+             "median_epoch_ms": 1000 * epochs["recipe"].median}]
+    rows += [{"what": f"  {name}", "median_epoch_ms": 1000 * cost.median}
+             for name, cost in timing.callback_costs(runs).items()]
     table = summaries.markdown_table(rows, ["what", "train_tokens_per_sec",
                                             "epoch_tokens_per_sec", "median_epoch_ms"])
     label = (f"GPT {FLAGS.gpt_size} on {splits.source}, batch {FLAGS.batch_size} x {length} "
@@ -154,16 +127,13 @@ def main(argv):
     print(f"\n{label}\nmachine: {machine}\nper steady epoch (hook time of each callback):\n"
           f"{table}\n\n{verdict}")
 
-    logdir = os.path.join(FLAGS.output_dir, "logs")
-    summaries.write_text(logdir, "bench/lm", f"{label}\n\n{machine}\n\n{table}\n\n{verdict}")
-    png = os.path.join(FLAGS.output_dir, "bench_lm.png")
-    plots.plot_rates(["bare fit: training", "recipe: training", "bare fit: whole epochs",
-                      "recipe: whole epochs"],
-                     [rates["bare"], rates["recipe"], wall["bare"], wall["recipe"]], png,
-                     "tokens/s (median steady epoch)",
-                     f"{label}: recipe / bare = {ratio:.3f}")
-    summaries.write_png(logdir, "bench/lm_plot", png)
-    io.write_json(os.path.join(FLAGS.output_dir, "bench_lm.json"), {
+    png = plots.plot_rates(["bare fit: training", "recipe: training", "bare fit: whole epochs",
+                            "recipe: whole epochs"],
+                           [rates["bare"], rates["recipe"], wall["bare"], wall["recipe"]],
+                           os.path.join(FLAGS.output_dir, "bench_lm.png"),
+                           "tokens/s (median steady epoch)",
+                           f"{label}: recipe / bare = {ratio:.3f}")
+    _cli.write_outputs("bench_lm", {
         "config": {"gpt_size": FLAGS.gpt_size, "sequence_length": length,
                    "batch_size": FLAGS.batch_size, "epochs": FLAGS.epochs,
                    "steps_per_epoch": FLAGS.steps_per_epoch, "rounds": FLAGS.rounds,
@@ -171,8 +141,7 @@ def main(argv):
         "tokens_per_sec": rates, "epoch_tokens_per_sec": wall, "ratio": ratio,
         "epoch_ratio": wall_ratio, "round_ratios": per_round, "validation_loss": val_loss,
         "recipe_fit_seconds": fit_seconds, "target": {"min_ratio": TARGET, "met": met},
-        "runs": runs})
-    print(f"\nwrote {FLAGS.output_dir}: bench_lm.json, bench_lm.png, fit.log, logs/")
+        "runs": runs}, f"{label}\n\n{machine}\n\n{table}\n\n{verdict}", png, also=["fit.log"])
     return 0 if met else 1
 
 

@@ -30,9 +30,7 @@ comes from `profile_transformer` (the size, not the built layers), as `tfaccel p
 --model=gpt` makes it.
 """
 
-import json
 import os
-import subprocess
 import sys
 
 import _cli
@@ -64,12 +62,7 @@ GPT_VOCABULARY = 104
 LOW, HIGH = 0.85, 1.15
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("configs", list(CONFIGS), f"Configurations to measure: {', '.join(CONFIGS)}.")
-flags.DEFINE_integer("repeats", 5, "Processes per configuration; the largest peak counts.",
-                     lower_bound=1)
-flags.DEFINE_integer("steps", 8, "Training steps measured in each process.", lower_bound=1)
-flags.DEFINE_string("measure_one", None, "Internal: measure this configuration in this process "
-                    "and print its JSON.")
+_cli.define_fresh_process_flags(CONFIGS, list(CONFIGS), repeats=5, steps=8)
 _cli.define_output_dir("runs/bench_memory", "Where bench_memory.json, the chart and TensorBoard "
                        "logs go.")
 
@@ -131,27 +124,13 @@ def _measure(name):
 def main(argv):
     del argv
     if FLAGS.measure_one:
-        print("RESULT " + json.dumps(_measure(FLAGS.measure_one)), flush=True)
-        return 0
-    from tfaccel import doctor, io, plots, summaries
-    from tfaccel.errors import ConfigError
+        return _cli.print_result(_measure(FLAGS.measure_one))
+    from tfaccel import doctor, plots, summaries
 
-    unknown = [c for c in FLAGS.configs if c not in CONFIGS]
-    if unknown:
-        raise ConfigError(f"--configs: unknown {', '.join(unknown)}; use some of "
-                          f"{', '.join(CONFIGS)}")
     rows = []
     for i, name in enumerate(FLAGS.configs):
-        runs = []
-        for _ in range(FLAGS.repeats):
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__),
-                                   f"--measure_one={name}", f"--steps={FLAGS.steps}"],
-                                  capture_output=True, text=True, check=False,
-                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if proc.returncode or not lines:
-                raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
-            runs.append(json.loads(lines[-1][len("RESULT "):]))
+        runs = [_cli.measure_in_fresh_process(__file__, name, f"--steps={FLAGS.steps}")
+                for _ in range(FLAGS.repeats)]
         r = dict(runs[0], measured_peaks=[run["measured_peak"] for run in runs])
         r["measured_peak"] = max(r["measured_peaks"])
         r["ratio"] = r["predicted"] / r["measured_peak"]
@@ -175,21 +154,16 @@ def main(argv):
     verdict = (f"{'PASS' if met else 'FAIL'}  {sum(r['within'] for r in rows)}/{len(rows)} "
                f"predictions within {LOW}-{HIGH} of the measured peak")
     print(f"\n{header}\n\n{table}\n\n{verdict}")
-    out = FLAGS.output_dir
-    io.write_json(os.path.join(out, "bench_memory.json"),
-                  {"machine": doctor.machine_summary(), "rows": rows, "met": met,
-                   "command": " ".join(["python", *sys.argv])})
     bars = []
     for r in rows:
         bars += [(f"{r['config']} plan", r["breakdown"]),
                  (f"{r['config']} measured", {"measured peak": r["measured_peak"]})]
-    png = plots.plot_memory(bars, os.path.join(out, "bench_memory.png"),
+    png = plots.plot_memory(bars, os.path.join(FLAGS.output_dir, "bench_memory.png"),
                             "memory plan (stacked) vs measured peak per configuration")
-    logdir = os.path.join(out, "logs")
-    summaries.write_text(logdir, "bench/memory", f"{header}\n\n{table}\n\n{verdict}")
-    summaries.write_scalars(logdir, {f"bench_memory/{r['config']}_ratio": r["ratio"] for r in rows})
-    summaries.write_png(logdir, "bench/memory_plot", png)
-    print(f"\nwrote {out}: bench_memory.json, bench_memory.png, logs/")
+    _cli.write_outputs("bench_memory", {"machine": doctor.machine_summary(), "rows": rows,
+                                        "met": met, "command": " ".join(["python", *sys.argv])},
+                       f"{header}\n\n{table}\n\n{verdict}", png,
+                       {f"bench_memory/{r['config']}_ratio": r["ratio"] for r in rows})
     return 0 if met else 1
 
 

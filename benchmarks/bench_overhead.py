@@ -48,15 +48,9 @@ TARGETS = {"short": 1.10, "long": 1.03}
 
 def main(argv):
     del argv  # stray arguments were rejected with the flags
-    import contextlib
-    import shutil
-    import statistics
-    import tempfile
-
-    from tfaccel import doctor, io, plots, summaries
+    from tfaccel import doctor, plots, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import memory
     from tfaccel.train import precision, resume
 
     resume.parse_backup_freq(FLAGS.backup_freq)
@@ -82,58 +76,39 @@ def main(argv):
                                       FLAGS.grad_accum_steps)
         return model
 
-    def run(side, log):
-        model, clock, calls, callbacks = build(), timing.epoch_clock(), {}, []
-        run_dir = tempfile.mkdtemp(prefix=f"{side}-", dir=FLAGS.output_dir)
-        try:
-            if side == "bare":
-                callbacks, verbose = [], 0
-            else:
-                fit = common.fit_callbacks(run_dir, os.path.join(run_dir, "logs"),
-                                           os.path.join(run_dir, "backup"), FLAGS.backup_freq,
-                                           data_epoch, printer=lambda line: None)
-                callbacks, verbose = fit.callbacks, 2
-                timing.time_hooks(callbacks, calls)
-            with contextlib.redirect_stdout(log):  # the recipe's per-epoch lines, to fit.log
-                model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
-                          callbacks=[*callbacks, clock], verbose=verbose)
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-            timing.unwrap_hooks(callbacks)  # data_epoch serves every run
-        del model
-        memory.free_memory()
-        return {"epoch_seconds": timing.steady_epochs(clock.marks),
-                "callback_seconds": {name: timing.per_epoch(c, clock.marks)
-                                     for name, c in calls.items()}}
+    def recipe_callbacks(run_dir):
+        return common.fit_callbacks(run_dir, os.path.join(run_dir, "logs"),
+                                    os.path.join(run_dir, "backup"), FLAGS.backup_freq,
+                                    data_epoch, printer=lambda line: None).callbacks
+
+    def fit(model, callbacks, verbose):
+        return model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
+                         callbacks=callbacks, verbose=verbose)
 
     with open(os.path.join(FLAGS.output_dir, "fit.log"), "w") as log:
-        runs = timing.alternate(FLAGS.rounds, lambda side: run(side, log),
-                                printer=lambda line: print(line, flush=True))
+        runs = timing.alternate(
+            FLAGS.rounds,
+            lambda side: timing.run_side(side, build, recipe_callbacks, fit, FLAGS.output_dir,
+                                         log)[0],
+            printer=lambda line: print(line, flush=True))
 
-    bare, recipe = timing.epochs_of(runs, "bare"), timing.epochs_of(runs, "recipe")
-    bare_median = statistics.median(bare)
-    ratio = statistics.median(recipe) / bare_median
-    mean_ratio = statistics.fmean(recipe) / statistics.fmean(bare)
+    bare, recipe = timing.steady(runs, "bare"), timing.steady(runs, "recipe")
+    ratio, mean_ratio = recipe.median / bare.median, recipe.mean / bare.mean
     round_ratios = timing.round_ratios(runs)
-    costs = {}
-    for run_ in runs:
-        for name, seconds in run_["callback_seconds"].items():
-            costs.setdefault(name, []).extend(seconds)
-    callbacks = [{"callback": name, "median_ms": 1000 * statistics.median(s),
-                  "mean_ms": 1000 * statistics.fmean(s), "max_ms": 1000 * max(s),
-                  "mean_share_of_bare_epoch": statistics.fmean(s) / bare_median}
-                 for name, s in costs.items()]
-    kind = "long" if bare_median >= LONG_EPOCH_SECONDS else "short"
+    callbacks = [{"callback": name, "median_ms": 1000 * cost.median, "mean_ms": 1000 * cost.mean,
+                  "max_ms": 1000 * max(cost.seconds),
+                  "mean_share_of_bare_epoch": cost.mean / bare.median}
+                 for name, cost in timing.callback_costs(runs).items()]
+    kind = "long" if bare.median >= LONG_EPOCH_SECONDS else "short"
     target = TARGETS[kind]
     met = ratio <= target
 
     label = (f"{common.model_label()} on {FLAGS.dataset}, batch {FLAGS.batch_size}, "
              f"{FLAGS.epochs} epochs x {FLAGS.rounds} rounds")
-    rows = [{"what": "bare fit (validation, no callbacks)", "median_ms": 1000 * bare_median,
-             "mean_ms": 1000 * statistics.fmean(bare)},
-            {"what": "recipe (its default callbacks)",
-             "median_ms": 1000 * statistics.median(recipe),
-             "mean_ms": 1000 * statistics.fmean(recipe)}]
+    rows = [{"what": "bare fit (validation, no callbacks)", "median_ms": 1000 * bare.median,
+             "mean_ms": 1000 * bare.mean},
+            {"what": "recipe (its default callbacks)", "median_ms": 1000 * recipe.median,
+             "mean_ms": 1000 * recipe.mean}]
     rows += [{"what": f"  {c['callback']}", "median_ms": c["median_ms"], "mean_ms": c["mean_ms"],
               "max_ms": c["max_ms"]} for c in callbacks]
     table = summaries.markdown_table(rows, ["what", "median_ms", "mean_ms", "max_ms"])
@@ -145,25 +120,21 @@ def main(argv):
     print(f"\n{label}\nmachine: {machine}\nper steady epoch (hook time of each callback):\n"
           f"{table}\n\n{verdict}")
 
-    logdir = os.path.join(FLAGS.output_dir, "logs")
-    summaries.write_text(logdir, "bench/overhead", f"{label}\n\n{machine}\n\n{table}\n\n{verdict}")
-    png = os.path.join(FLAGS.output_dir, "bench_overhead.png")
-    plots.plot_rates([r["what"].strip() for r in rows],
-                     [max(1.0, 1000 * r["median_ms"]) for r in rows], png,
-                     "microseconds per steady epoch, median (log scale)",
-                     f"{label}: recipe / bare = {ratio:.3f}", log_scale=True)
-    summaries.write_png(logdir, "bench/overhead_plot", png)
-    io.write_json(os.path.join(FLAGS.output_dir, "bench_overhead.json"), {
+    png = plots.plot_rates([r["what"].strip() for r in rows],
+                           [max(1.0, 1000 * r["median_ms"]) for r in rows],
+                           os.path.join(FLAGS.output_dir, "bench_overhead.png"),
+                           "microseconds per steady epoch, median (log scale)",
+                           f"{label}: recipe / bare = {ratio:.3f}", log_scale=True)
+    _cli.write_outputs("bench_overhead", {
         "config": {"model": common.model_label(), "dataset": FLAGS.dataset,
                    "synthetic_shape": FLAGS.synthetic_shape, "batch_size": FLAGS.batch_size,
                    "epochs": FLAGS.epochs, "rounds": FLAGS.rounds,
                    "backup_freq": FLAGS.backup_freq, "precision": policy,
                    "monitor_every_n_steps": FLAGS.monitor_every_n_steps, "machine": machine},
-        "bare_median_seconds": bare_median, "recipe_median_seconds": statistics.median(recipe),
+        "bare_median_seconds": bare.median, "recipe_median_seconds": recipe.median,
         "ratio": ratio, "mean_ratio": mean_ratio, "round_ratios": round_ratios,
         "callbacks": callbacks, "target": {"kind": kind, "max_ratio": target, "met": met},
-        "runs": runs})
-    print(f"\nwrote {FLAGS.output_dir}: bench_overhead.json, bench_overhead.png, fit.log, logs/")
+        "runs": runs}, f"{label}\n\n{machine}\n\n{table}\n\n{verdict}", png, also=["fit.log"])
     return 0 if met else 1
 
 

@@ -19,7 +19,7 @@ there, not after all the steps: micro-batches sum the gradient in another order,
 training amplifies that rounding (measured: after 32 steps the unsplit model summing the
 same 4 micro-batches by hand differs from its whole-batch self by 12% of the weights'
 movement, pipeline M=4 by 13%; after 4 steps both by 0.03%). Then, --repeats times,
---steps timed steps (`monitor.StepTimer`, the first step of each `fit` left out), the
+--steps timed steps (`monitor.time_fit`, the first step of each `fit` its warm-up), the
 variants in turn and in reverse order on the next round, so that a busy spell of the
 machine falls on all of them; a variant's step time is the median of its rounds'
 medians. The table gives step time, examples/s, the ratio to the unsplit step time,
@@ -220,7 +220,7 @@ def _time_variants(variants, ds, allocators, shared):
     """{name: {'rounds': [median step s], 'peak': {device: bytes}, 'transient': {...}}}."""
     import tensorflow as tf
 
-    from tfaccel.monitor import StepTimer
+    from tfaccel import monitor
 
     pools = allocators[:1] if shared else allocators
     runs = {name: {"rounds": [], "peak": {}, "transient": {}} for name, _, _ in variants}
@@ -229,11 +229,9 @@ def _time_variants(variants, ds, allocators, shared):
             for pool in pools:
                 tf.config.experimental.reset_memory_stats(pool)
             resting = {p: tf.config.experimental.get_memory_info(p)["current"] for p in pools}
-            timer = StepTimer()
-            model.fit(ds, steps_per_epoch=FLAGS.steps + 1, epochs=1, verbose=0,
-                      callbacks=[timer])
+            times = monitor.time_fit(model, ds, FLAGS.steps, warmup=1)  # a fit's first step
             run = runs[name]
-            run["rounds"].append(statistics.median(timer.step_seconds[1:]))
+            run["rounds"].append(times.median)
             for p in pools:
                 peak = tf.config.experimental.get_memory_info(p)["peak"]
                 run["peak"][p] = max(run["peak"].get(p, 0), int(peak))
@@ -457,7 +455,7 @@ def main(argv):
     logging.getLogger("tensorflow").addFilter(
         lambda record: "triggered tf.function retracing" not in record.getMessage())
     devices = _devices()
-    from tfaccel import doctor, io, plots, summaries
+    from tfaccel import doctor, plots, summaries
     from tfaccel.errors import ConfigError
 
     k = FLAGS.stages or len(devices)
@@ -513,24 +511,19 @@ def main(argv):
                          + ([overlap_note] if traces else []) + ["\n".join(verdicts)])
     print(f"\n{report}")
     met = all(c["met"] for c in checks)
-    io.write_json(os.path.join(out, "bench_parallel.json"), {
+    png = plots.plot_rates(
+        [f"{r['variant']} ({r['ratio']:.2f}x, bubble {r['bubble']:.2f})" for r in rows],
+        [r["examples_per_sec"] for r in rows], os.path.join(out, "bench_parallel.png"),
+        "examples/s (ratio: step time / unsplit)", header)
+    _cli.write_outputs("bench_parallel", {
         "machine": doctor.machine_summary(), "devices": devices[:k],
         "allocators": allocators, "shared_allocator": shared, "model": FLAGS.model,
         "input_shape": list(shape), "batch_size": FLAGS.batch_size, "stages": k,
         "micro_batches": ms, "steps": FLAGS.steps, "warmup": FLAGS.warmup,
         "repeats": FLAGS.repeats, "learning_rate": FLAGS.learning_rate,
         "recompute": FLAGS.recompute, "plan": plan.to_json(), "rows": rows, "checks": checks,
-        "met": met, "command": " ".join(["python", *sys.argv])})
-    png = plots.plot_rates(
-        [f"{r['variant']} ({r['ratio']:.2f}x, bubble {r['bubble']:.2f})" for r in rows],
-        [r["examples_per_sec"] for r in rows], os.path.join(out, "bench_parallel.png"),
-        "examples/s (ratio: step time / unsplit)", header)
-    summaries.write_text(logdir, "bench/parallel", report)
-    summaries.write_scalars(logdir, {f"bench_parallel/{_tag(r['variant'])}_ratio": r["ratio"]
-                                     for r in rows})
-    summaries.write_png(logdir, "bench/parallel_plot", png)
-    print(f"\nwrote {out}: bench_parallel.json, bench_parallel.png, logs/ (tensorboard --logdir "
-          f"{logdir})")
+        "met": met, "command": " ".join(["python", *sys.argv])}, report, png,
+        {f"bench_parallel/{_tag(r['variant'])}_ratio": r["ratio"] for r in rows})
     return 0 if met else 1
 
 

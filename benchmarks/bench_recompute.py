@@ -31,10 +31,8 @@ Measured on a 2-core AMX Xeon (3 processes per variant, the defaults otherwise):
 step took 1.1-2.0x as long (busy machine; one extra forward pass is ~1.33x in theory).
 """
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 
 import _cli
@@ -49,34 +47,33 @@ CONFIGS = {  # name: (how the steps run, precision, gradient accumulation steps)
     "accum4_f32": ("fit", "float32", 4),
 }
 VARIANTS = ("plain", "recompute")
-SHAPE_FLAGS = ("layers", "heads", "d_model", "context", "batch_size", "vocab_size", "steps",
-               "optimizer")
+SHAPE = {  # flag: (default, help, lower bound): the GPT and its batch
+    "layers": (8, "Transformer blocks.", 1),
+    "heads": (4, "Attention heads.", 1),
+    "d_model": (128, "Model width.", 1),
+    "context": (256, "Tokens per sequence (the model's context).", 1),
+    "batch_size": (32, "Sequences per step.", 1),
+    "vocab_size": (104, "Vocabulary size (104: pydoc_data.topics by character).", 2),
+}
+SHAPE_FLAGS = (*SHAPE, "steps", "optimizer")  # passed on to each process
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("configs", ["fit_f32", "fit_bf16"],
-                  f"Configurations to measure: some of {', '.join(CONFIGS)}.")
-flags.DEFINE_integer("repeats", 3, "Processes per variant and configuration; the largest peak "
-                     "counts.", lower_bound=1)
-flags.DEFINE_integer("steps", 3, "Training steps measured in each process.", lower_bound=1)
-flags.DEFINE_integer("layers", 8, "Transformer blocks.", lower_bound=1)
-flags.DEFINE_integer("heads", 4, "Attention heads.", lower_bound=1)
-flags.DEFINE_integer("d_model", 128, "Model width.", lower_bound=1)
-flags.DEFINE_integer("context", 256, "Tokens per sequence (the model's context).", lower_bound=1)
-flags.DEFINE_integer("batch_size", 32, "Sequences per step.", lower_bound=1)
-flags.DEFINE_integer("vocab_size", 104, "Vocabulary size (104: pydoc_data.topics by character).",
-                     lower_bound=2)
+_cli.define_fresh_process_flags(CONFIGS, ["fit_f32", "fit_bf16"], repeats=3, steps=3,
+                                case="variant of a configuration ('<config>:<variant>')")
+for _name, (_default, _help, _lowest) in SHAPE.items():
+    flags.DEFINE_integer(_name, _default, _help, lower_bound=_lowest)
 flags.DEFINE_enum("optimizer", "adam", ["sgd", "adam", "adamw"], "Optimizer of the steps.")
-flags.DEFINE_string("measure_one", None, "Internal: measure '<config>:<variant>' in this process "
-                    "and print its JSON.")
 _cli.define_output_dir("runs/bench_recompute", "Where bench_recompute.json, the chart and "
                        "TensorBoard logs go.")
 
 
 def _steps(model, how, policy, accum):
-    """A function running n training steps of `model` on one constant batch; returns the loss."""
+    """A function running n training steps of `model` on one constant batch, each timed; returns
+    the last loss and the steps' `StepTimes`."""
     import numpy as np
     import tensorflow as tf
 
+    from tfaccel import monitor
     from tfaccel.keras import keras
     from tfaccel.performance import accumulate
     from tfaccel.train import language_model, precision, training
@@ -89,8 +86,14 @@ def _steps(model, how, policy, accum):
         language_model.compile_language_model(model, optimizer, jit_compile=how == "xla")
         accumulate.enable_gradient_accumulation(model, accum)
         batches = tf.data.Dataset.from_tensors((x, y)).repeat()
-        return lambda n: model.fit(batches, steps_per_epoch=n, epochs=1,
-                                   verbose=0).history["loss"][-1]
+
+        def run_fit(n):
+            timer = monitor.StepTimer()
+            history = model.fit(batches, steps_per_epoch=n, epochs=1, verbose=0,
+                                callbacks=[timer])
+            return history.history["loss"][-1], timer.times()
+
+        return run_fit
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     x, y = tf.constant(x), tf.constant(y)
 
@@ -103,11 +106,11 @@ def _steps(model, how, policy, accum):
         return loss
 
     step = tf.function(step) if how == "function" else step
+    losses = []
 
     def run(n):
-        for _ in range(n):
-            loss = step()
-        return float(loss)
+        times = monitor.time_steps(lambda: losses.append(step()), n)
+        return float(losses[-1]), times
 
     return run
 
@@ -117,8 +120,6 @@ def _measure(spec):
     from tfaccel.performance import memory
 
     memory.use_pooled_host_allocator()
-    import time
-
     import tensorflow as tf
 
     from tfaccel.keras import keras
@@ -136,26 +137,12 @@ def _measure(spec):
     run(2)  # tracing, optimizer slots
     tf.config.experimental.reset_memory_stats(device)
     resting = tf.config.experimental.get_memory_info(device)["current"]
-    start = time.perf_counter()
-    loss = run(FLAGS.steps)
-    seconds = (time.perf_counter() - start) / FLAGS.steps
+    loss, times = run(FLAGS.steps)
     peak = tf.config.experimental.get_memory_info(device)["peak"]
     return {"config": name, "variant": variant, "device": device, "peak": int(peak),
-            "resting": int(resting), "step_seconds": seconds, "loss": float(loss),
+            "resting": int(resting), "step_seconds": times.mean, "loss": float(loss),
             "parameters": model.count_params(),
             "pooled": device != "CPU:0" or memory.pooled_host_allocator_active()}
-
-
-def _run_one(spec):
-    """`_measure(spec)` in a fresh process of this script."""
-    shape = [f"--{name}={getattr(FLAGS, name)}" for name in SHAPE_FLAGS]
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), f"--measure_one={spec}",
-                           *shape], capture_output=True, text=True, check=False,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode or not lines:
-        raise SystemExit(f"{spec} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
 
 
 def _row(name, runs):
@@ -181,24 +168,19 @@ def _row(name, runs):
 def main(argv):
     del argv
     if FLAGS.measure_one:
-        print("RESULT " + json.dumps(_measure(FLAGS.measure_one)), flush=True)
-        return 0
-    from tfaccel import doctor, io, plots, summaries
-    from tfaccel.errors import ConfigError
+        return _cli.print_result(_measure(FLAGS.measure_one))
+    from tfaccel import doctor, plots, summaries
     from tfaccel.train import gpt
 
-    unknown = [c for c in FLAGS.configs if c not in CONFIGS]
-    if unknown:
-        raise ConfigError(f"--configs: unknown {', '.join(unknown)}; use some of "
-                          f"{', '.join(CONFIGS)}")
     gpt.GPTConfig(vocab_size=FLAGS.vocab_size, context=FLAGS.context, layers=FLAGS.layers,
                   heads=FLAGS.heads, d_model=FLAGS.d_model)  # a bad shape: one line, now
+    shape = [f"--{name}={getattr(FLAGS, name)}" for name in SHAPE_FLAGS]
     rows = []
     for i, name in enumerate(FLAGS.configs):
         runs = {v: [] for v in VARIANTS}
         for _ in range(FLAGS.repeats):
             for v in VARIANTS:  # alternating, so that a busy spell hits both alike
-                runs[v].append(_run_one(f"{name}:{v}"))
+                runs[v].append(_cli.measure_in_fresh_process(__file__, f"{name}:{v}", *shape))
         r = _row(name, runs)
         rows.append(r)
         print(f"[{i + 1}/{len(FLAGS.configs)}] {name}: plain {r['plain MB']:,.1f} MB ("
@@ -222,21 +204,15 @@ def main(argv):
     verdict = (f"{'PASS' if met else 'FAIL'}  recompute's peak lower in "
                f"{sum(r['lower'] for r in rows)}/{len(rows)} configurations")
     print(f"\n{header}\n\n{table}\n\n{verdict}")
-    out = FLAGS.output_dir
-    io.write_json(os.path.join(out, "bench_recompute.json"),
-                  {"machine": doctor.machine_summary(), "rows": rows, "met": met,
-                   "shape": {name: getattr(FLAGS, name) for name in SHAPE_FLAGS},
-                   "repeats": FLAGS.repeats, "command": " ".join(["python", *sys.argv])})
     bars = [(f"{r['config']} {v}", {f"{v} peak": r[f"{v}_peak"]}) for r in rows
             for v in VARIANTS]
-    png = plots.plot_memory(bars, os.path.join(out, "bench_recompute.png"),
+    png = plots.plot_memory(bars, os.path.join(FLAGS.output_dir, "bench_recompute.png"),
                             "peak memory of GPT training steps: plain vs recompute")
-    logdir = os.path.join(out, "logs")
-    summaries.write_text(logdir, "bench/recompute", f"{header}\n\n{table}\n\n{verdict}")
-    summaries.write_scalars(logdir, {f"bench_recompute/{r['config']}_ratio": r["ratio"]
-                                     for r in rows})
-    summaries.write_png(logdir, "bench/recompute_plot", png)
-    print(f"\nwrote {out}: bench_recompute.json, bench_recompute.png, logs/")
+    _cli.write_outputs("bench_recompute", {
+        "machine": doctor.machine_summary(), "rows": rows, "met": met,
+        "shape": {name: getattr(FLAGS, name) for name in SHAPE_FLAGS}, "repeats": FLAGS.repeats,
+        "command": " ".join(["python", *sys.argv])}, f"{header}\n\n{table}\n\n{verdict}", png,
+        {f"bench_recompute/{r['config']}_ratio": r["ratio"] for r in rows})
     return 0 if met else 1
 
 

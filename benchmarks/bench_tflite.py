@@ -17,7 +17,9 @@ and prints each target of the quantization issue with the measured value:
 - TFLite predictions agree with the Keras QAT model on >= 99% of the test set;
 - the recipe ran in under 10 minutes.
 
-Writes bench_tflite.json beside the report.
+Writes bench_tflite.json (the checks, the latencies, the recipe's timing),
+bench_tflite.png (the re-measured p50 latencies) and both as TensorBoard text and
+image to --output_dir.
 """
 
 import json
@@ -25,7 +27,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -41,20 +42,25 @@ flags.DEFINE_string("flagfile_preset", os.path.join(ROOT, "recipes", "presets",
 flags.DEFINE_string("model_dir", None, "Where the recipe writes (default: the preset's).")
 flags.DEFINE_integer("latency_runs", 3000, "Timed runs per file in the re-measurement.")
 flags.DEFINE_integer("rounds", 15, "Interleaved rounds of the re-measurement.")
+_cli.define_output_dir("runs/bench_tflite", "Where bench_tflite.json, the chart and TensorBoard "
+                       "logs go.")
 
 
 def run_recipe():
+    from tfaccel import monitor
+
     command = [sys.executable, os.path.join(ROOT, "recipes", "optimize.py"),
                f"--flagfile={FLAGS.flagfile_preset}"]
     if FLAGS.model_dir:
         command.append(f"--model_dir={FLAGS.model_dir}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
         "PYTHONPATH")])))
-    load_before = os.getloadavg()[0]
-    start = time.perf_counter()
+    load_before, clock = os.getloadavg()[0], monitor.StepClock()
+    clock.start()
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                             check=False)
-    seconds = time.perf_counter() - start
+    clock.stop()
+    seconds = clock.times().total
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode:
         sys.exit(f"recipe failed ({result.returncode}):\n{result.stderr[-3000:]}")
@@ -68,7 +74,7 @@ def run_recipe():
 
 def main(argv):
     del argv
-    from tfaccel import doctor, io
+    from tfaccel import doctor, plots
     from tfaccel.compress import tflite_eval
 
     timing = {}
@@ -113,24 +119,29 @@ def main(argv):
         minutes = timing["recipe_wall_seconds"] / 60
         check("recipe wall time (minutes)", minutes, "< 10", minutes < 10)
 
-    width = max(len(c["target"]) for c in checks)
-    print(f"\nreport: {report_path}\nmachine: {doctor.machine_summary()}")
+    lines = [f"report: {report_path}", f"machine: {doctor.machine_summary()}"]
     if timing:
-        print(f"recipe: {timing['recipe_wall_seconds']:.0f} s wall, "
-              f"{timing['recipe_cpu_seconds']:.0f} s CPU; load average "
-              f"{timing['load_average_before']:.1f} -> {timing['load_average_after']:.1f} "
-              f"on {timing['cpu_count']} cores")
-    print("latency re-measured (us, p50 / mean): " + ", ".join(
+        lines.append(f"recipe: {timing['recipe_wall_seconds']:.0f} s wall, "
+                     f"{timing['recipe_cpu_seconds']:.0f} s CPU; load average "
+                     f"{timing['load_average_before']:.1f} -> {timing['load_average_after']:.1f} "
+                     f"on {timing['cpu_count']} cores")
+    lines.append("latency re-measured (us, p50 / mean): " + ", ".join(
         f"{v} {s['p50_us']:.1f} / {s['mean_us']:.1f}" for v, s in latency.items()))
+    width = max(len(c["target"]) for c in checks)
     for c in checks:
         value = f"{c['measured']:.4g}" if isinstance(c["measured"], float) else c["measured"]
-        print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']:<{width}}  {value:>8}  "
-              f"(required {c['required']})")
-    out = os.path.join(os.path.dirname(report_path), "bench_tflite.json")
-    io.write_json(out, {"machine": doctor.machine_summary(), "checks": checks,
-                        "latency": latency, "timing": timing,
-                        "report": report_path})
-    print(f"wrote {out}")
+        lines.append(f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']:<{width}}  {value:>8}  "
+                     f"(required {c['required']})")
+    text = "\n".join(lines)
+    print(f"\n{text}")
+    png = plots.plot_rates(list(latency), [s["p50_us"] for s in latency.values()],
+                           os.path.join(FLAGS.output_dir, "bench_tflite.png"),
+                           "single-sample latency, p50 (microseconds)",
+                           f"TFLite variants of {report_path}")
+    _cli.write_outputs("bench_tflite", {"machine": doctor.machine_summary(), "checks": checks,
+                                        "latency": latency, "timing": timing,
+                                        "report": report_path},
+                       text.replace("\n", "\n\n"), png)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
 NAMES = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_parallel",
          "bench_precision", "bench_prune", "bench_recompute", "bench_tflite")
-WITH_OUTPUT_DIR = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_parallel",
-                   "bench_precision", "bench_prune", "bench_recompute")
 
 
 def _run(name, *args, timeout=600):
@@ -45,9 +43,7 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
            "bench_memory": "--configs", "bench_lm": "--rounds",
            "bench_recompute": "--configs", "bench_parallel": "--micro_batches"}[name]
     assert f"{own}:" in proc.stdout
-    if name in WITH_OUTPUT_DIR:
-        assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in \
-            proc.stdout
+    assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in proc.stdout
     assert "Traceback" not in proc.stderr
 
 
@@ -59,7 +55,25 @@ def test_a_stray_argument_is_one_error_line(name):
         "error: unexpected arguments 'results': every option is a --flag (see --helpshort)"]
 
 
-@pytest.mark.parametrize("name", WITH_OUTPUT_DIR)
+@pytest.mark.parametrize("name", ["bench_memory", "bench_recompute"])
+def test_an_unknown_configuration_is_one_error_line_before_tensorflow(name):
+    proc = _run(name, "--configs=cnn_f32,nope,fit_f32", timeout=120)
+    known = ", ".join(_module_constant(name, "CONFIGS"))
+    unknown = "nope, fit_f32" if name == "bench_memory" else "cnn_f32, nope"
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --configs: unknown {unknown}; use some of {known}"]
+
+
+def _module_constant(name, constant):
+    with open(os.path.join(BENCHMARKS, f"{name}.py")) as f:
+        tree = ast.parse(f.read())
+    (value,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == [constant]]
+    return ast.literal_eval(value)
+
+
+@pytest.mark.parametrize("name", NAMES)  # every benchmark has --output_dir
 def test_out_dir_is_an_alias_of_output_dir(name, tmp_path):
     script = os.path.join(BENCHMARKS, f"{name}.py")
     code = (f"import sys; sys.path.insert(0, {BENCHMARKS!r}); sys.argv = [{script!r}]\n"
@@ -210,12 +224,12 @@ def test_bench_tflite_runs_the_recipe_and_checks_each_target(tmp_path):
         f"--flagfile={os.path.join(ROOT, 'recipes', 'presets', 'optimize_digits_cnn.cfg')}",
         "--epochs=2", "--prune_epochs=2", "--prune_hold_epochs=1", "--qat_epochs=1",
         "--latency_runs=20", "--calibration_samples=50"]) + "\n")
-    out = tmp_path / "out"
-    proc = _run("bench_tflite", f"--flagfile_preset={preset}", f"--model_dir={out}",
-                "--latency_runs=50", "--rounds=2", timeout=900)
+    model_dir, out = tmp_path / "model", tmp_path / "out"
+    proc = _run("bench_tflite", f"--flagfile_preset={preset}", f"--model_dir={model_dir}",
+                "--latency_runs=50", "--rounds=2", f"--output_dir={out}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "bench_tflite.json").read_text())
-    assert result["report"] == str(out / "report.json")
+    assert result["report"] == str(model_dir / "report.json")
     assert set(result["latency"]) == {"float", "int8", "qat_int8", "pruned_qat_int8"}
     assert all(v["p50_us"] > 0 for v in result["latency"].values())
     checks = {c["target"]: c for c in result["checks"]}
@@ -230,6 +244,46 @@ def test_bench_tflite_runs_the_recipe_and_checks_each_target(tmp_path):
         result["timing"]["recipe_wall_seconds"] / 60)
     for c in result["checks"]:
         assert f"{'PASS' if c['pass'] else 'FAIL'}  {c['target']}" in proc.stdout
+    _png_size(out / "bench_tflite.png")
+    logdir = str(out / "logs")
+    assert "int8 latency speed-up over float" in summaries.read_text(logdir)["bench/tflite"]
+    assert summaries.read_image_tags(logdir) == ["bench/tflite_plot"]
+    assert sorted(os.listdir(out)) == ["bench_tflite.json", "bench_tflite.png", "logs"]
+
+
+def test_bench_tflite_checks_an_existing_report_into_output_dir(tmp_path):
+    from tfaccel.compress import tflite
+    from tfaccel.keras import keras
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    path = tflite.convert_to_tflite(model, str(tmp_path / "model.tflite"))
+    report = tmp_path / "run" / "report.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps({"float_keras_accuracy": 0.9, "variants": [  # one file twice
+        {"variant": "float", "path": path, "accuracy": 0.9},
+        {"variant": "int8", "path": path, "accuracy": 0.885}]}))
+    out = tmp_path / "out"
+    proc = _run("bench_tflite", f"--report={report}", "--latency_runs=20", "--rounds=2",
+                f"--output_dir={out}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["bench_tflite.json", "bench_tflite.png", "logs"]
+    assert sorted(os.listdir(report.parent)) == ["report.json"]  # nothing beside the report
+    result = json.loads((out / "bench_tflite.json").read_text())
+    assert result["report"] == str(report) and result["timing"] == {}
+    assert {v: s["num_runs"] for v, s in result["latency"].items()} == {"float": 20, "int8": 20}
+    checks = {c["target"]: c for c in result["checks"]}
+    assert set(checks) == {"full-int8 PTQ accuracy vs float Keras (points)",
+                           "int8 latency speed-up over float (p50, re-measured)"}
+    assert checks["full-int8 PTQ accuracy vs float Keras (points)"]["measured"] == \
+        pytest.approx(-1.5)
+    assert checks["int8 latency speed-up over float (p50, re-measured)"]["measured"] == \
+        pytest.approx(result["latency"]["float"]["p50_us"] / result["latency"]["int8"]["p50_us"])
+    _png_size(out / "bench_tflite.png")
+    logdir = str(out / "logs")
+    text = summaries.read_text(logdir)["bench/tflite"]
+    assert "PASS  full-int8 PTQ accuracy vs float Keras (points)" in text
+    assert summaries.read_image_tags(logdir) == ["bench/tflite_plot"]
+    assert f"wrote {out}: bench_tflite.json, bench_tflite.png, logs/" in proc.stdout
 
 
 @pytest.mark.slow

@@ -112,6 +112,7 @@ def test_keras_latency_is_measured_for_each_model(trained):
                                                     num_runs=20, warmup=2, rounds=2)
     assert sorted(latency) == ["float", "int8"]
     for stats in latency.values():
+        assert set(stats) == {"mean_us", "p50_us", "p90_us", "num_runs"}
         assert stats["num_runs"] == 20
         assert 0 < stats["p50_us"] <= stats["p90_us"]
     with pytest.raises(errors.ConfigError, match="num_runs=0"):

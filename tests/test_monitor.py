@@ -74,6 +74,105 @@ def test_bad_period_is_rejected():
         monitor.HardwareMonitor("/tmp/unused", every_n_steps=0)
 
 
+class FakeClock:
+    """A clock that moves only when a fake step runs: step i takes `durations[i]` seconds."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.calls = 100.0, list(durations), 0
+
+    def __call__(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations[self.calls]
+        self.calls += 1
+
+
+def test_step_times_statistics():
+    times = monitor.StepTimes(seconds=(0.4, 0.1, 0.3, 0.2), warmup_seconds=(5.0,))
+    assert times.median == pytest.approx(0.25)
+    assert times.mean == pytest.approx(0.25)
+    assert times.percentile(50) == pytest.approx(0.25)
+    assert times.percentile(90) == pytest.approx(0.37)  # NumPy's linear interpolation
+    assert times.percentile(100) == 0.4
+    assert times.total == pytest.approx(6.0)  # the warm-up counts in the wall time only
+    assert times.rate(64) == pytest.approx(256.0)  # examples (or tokens) per second
+    assert times.summary(64) == pytest.approx(
+        {"seconds_per_step": 0.25, "steps_per_sec": 4.0, "examples_per_sec": 256.0})
+    assert monitor.StepTimes.split([9, 8, 1, 2], warmup=2) == monitor.StepTimes((1, 2), (9, 8))
+
+
+def test_time_steps_leaves_the_warmup_out():
+    clock = FakeClock([3.0, 2.0, 0.5, 0.25, 0.75])
+    times = monitor.time_steps(clock.step, steps=3, warmup=2, clock=clock)
+    assert clock.calls == 5
+    assert times.warmup_seconds == (3.0, 2.0)
+    assert times.seconds == (0.5, 0.25, 0.75)
+    assert times.median == 0.5
+
+
+def test_time_steps_stops_after_the_step_that_passes_the_deadline():
+    clock = FakeClock([1.0] * 10)
+    times = monitor.time_steps(clock.step, steps=10, warmup=1, deadline=103.5, clock=clock)
+    # Steps end at 101, 102, 103, 104: the one running when 103.5 passed is the last.
+    assert clock.calls == 4 and times.warmup_seconds == (1.0,) and times.seconds == (1.0,) * 3
+    clock = FakeClock([1.0] * 10)
+    times = monitor.time_steps(clock.step, steps=10, warmup=3, deadline=101.5, clock=clock)
+    assert clock.calls == 2 and times.seconds == ()  # the deadline passed in the warm-up
+
+
+def test_time_steps_with_no_timed_step_only_warms_up():
+    clock = FakeClock([1.0] * 5)
+    assert monitor.time_steps(clock.step, steps=0, warmup=3, clock=clock).warmup_seconds == \
+        (1.0,) * 3
+    assert clock.calls == 3
+    assert monitor.time_steps(clock.step, steps=0, clock=clock) == monitor.StepTimes()
+    assert clock.calls == 3
+
+
+def test_step_clock_laps_and_spans():
+    now = [0.0]
+    clock = monitor.StepClock(steps=2, warmup=1, clock=lambda: now[0])
+    clock.start()
+    now[0] = 4.0
+    assert not clock.lap() and clock.running  # the warm-up ended, the next step began
+    now[0] = 5.0
+    assert not clock.stop() and not clock.running
+    now[0] = 10.0  # between steps: not timed
+    clock.start()
+    now[0] = 12.0
+    assert clock.lap() and clock.done  # both timed steps ran
+    clock.cancel()
+    assert not clock.running
+    assert clock.times() == monitor.StepTimes((1.0, 2.0), (4.0,))
+    assert clock.step_seconds == [4.0, 1.0, 2.0]
+    with pytest.raises(ConfigError, match="warmup=-1"):
+        monitor.StepClock(warmup=-1)
+
+
+def test_step_timer_times_fit_steps_and_ends_fit_when_done():
+    model = _model()
+    timer = monitor.StepTimer(steps=3, warmup=2)
+    model.fit(_dataset().repeat(), steps_per_epoch=50, epochs=1, verbose=0, callbacks=[timer])
+    assert int(model.optimizer.iterations.numpy()) == 5  # fit ended after the 5th step
+    times = timer.times()
+    assert len(times.warmup_seconds) == 2 and len(times.seconds) == 3
+    assert timer.step_seconds == [*times.warmup_seconds, *times.seconds]
+    assert all(0 < s < 5 for s in timer.step_seconds)
+
+
+def test_time_fit_stops_after_the_step_that_passes_the_deadline():
+    model, ticks = _model(), iter(range(1000))
+    # A clock that ticks once a reading: the StepTimer reads it once at the first batch
+    # begin (0), then once per batch end (1, 2, ...); the deadline 3 passes at the 3rd step.
+    times = monitor.time_fit(model, _dataset(), steps=20, warmup=1, deadline=3,
+                             clock=lambda: next(ticks))
+    assert int(model.optimizer.iterations.numpy()) == 3
+    assert times == monitor.StepTimes((1, 1), (1,))
+    with pytest.raises(ConfigError, match="steps=0"):
+        monitor.time_fit(model, _dataset(), steps=0)
+
+
 def test_time_training_measures_real_steps():
     model = _model()
     before = [w.copy() for w in model.get_weights()]

@@ -41,6 +41,29 @@ def test_bad_requests_fail_before_writing(trained, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+class _Converter:
+    def __init__(self, error=None):
+        self.error = error
+
+    def convert(self):
+        if self.error:
+            raise self.error
+        return b"flatbuffer"
+
+
+def test_a_conversion_is_written_whole_or_fails_in_one_line(tmp_path):
+    path = str(tmp_path / "m.tflite")
+    assert tflite.write_converted(_Converter(), path, "x", "y") == path
+    assert open(path, "rb").read() == b"flatbuffer"
+    error = ValueError("'tf.Foo' op is neither a custom op nor a flex op\n<stack>")
+    with pytest.raises(errors.ModelError) as raised:
+        tflite.write_converted(_Converter(error), str(tmp_path / "n.tflite"),
+                               "'cnn' in mode 'int8'", "try mode='float'")
+    assert str(raised.value) == ("TFLite conversion of 'cnn' in mode 'int8' failed: 'tf.Foo' op "
+                                 "is neither a custom op nor a flex op; try mode='float'")
+    assert sorted(os.listdir(tmp_path)) == ["m.tflite"]  # nothing half-written
+
+
 def test_representative_data_is_single_examples_from_any_form(trained):
     splits, _, x, _, _ = trained
     batched = data.batch_dataset(splits.train, 64, training=False)

@@ -39,7 +39,9 @@ def test_batched_and_unbatched_datasets_score_alike(trained, files):
 
 def test_latency_is_measured_for_each_model(files):
     one = tflite_eval.measure_latency(files["float"], num_runs=30, warmup=5)
+    assert set(one) == {"mean_us", "p50_us", "p90_us", "num_runs", "num_threads"}
     assert 0 < one["p50_us"] <= one["p90_us"] and one["num_runs"] == 30
+    assert one["num_threads"] == 1
     both = tflite_eval.compare_latency({"float": files["float"], "int8": files["int8"]},
                                   num_runs=40, warmup=5, rounds=4)
     assert set(both) == {"float", "int8"}

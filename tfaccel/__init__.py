@@ -98,7 +98,9 @@ _EXPORTS = {
         "pooled_host_allocator_active", "host_allocator", "free_memory", "PeakMemoryLogger",
     ],
     "tfaccel.performance.diagnose": ["diagnose_input", "InputDiagnosis"],
-    "tfaccel.monitor": ["HardwareMonitor", "time_training"],
+    "tfaccel.monitor": [
+        "HardwareMonitor", "time_training", "StepClock", "StepTimes", "time_steps", "time_fit",
+    ],
     "tfaccel.compress.pruning_plan": [
         "PruneConfig", "PruningPlan", "plan_pruning", "make_pruning_schedule",
     ],
@@ -120,6 +122,7 @@ _EXPORTS = {
         "prediction_agreement", "weight_sparsity",
     ],
     "tfaccel.compress.tflite_lm": ["language_model_tflite", "evaluate_language_model_tflite"],
+    "tfaccel.compress.latency": ["compare_latencies"],
     "tfaccel.compress.report": ["write_report", "comparison_rows"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}

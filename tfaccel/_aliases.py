@@ -81,14 +81,25 @@ def submodule(package, name):
         return None
 
 
-def submodule_getattr(package):
-    """A module `__getattr__` for an area package: its submodules, loaded on first use."""
+def submodule_getattr(package, modules=(), names=None):
+    """A module `__getattr__` for an area package: its submodules, then `names` ({name:
+    value}), then the public names (`__all__`) of `modules`, each loaded on first use (a
+    module's name is kept in the package once found)."""
 
     def __getattr__(name):
         module = submodule(package, name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return module
+        if module is not None:
+            return module
+        if names and name in names:
+            return names[name]
+        if not name.startswith("_"):
+            for module_name in modules:
+                module = importlib.import_module(module_name)
+                if name in module.__all__:
+                    value = getattr(module, name)
+                    setattr(sys.modules[package], name, value)
+                    return value
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__
 

@@ -331,6 +331,12 @@ def _names(flags):
     return "/".join(instruction_name(f) for f in flags)
 
 
+def _info_if_found(found, present, absent):
+    """Info advice: `present` (its {names}: the instructions `found`) when any were, else
+    `absent`."""
+    return _advice("info", present.format(names=_names(found)) if found else absent)
+
+
 def _cpu_precision_advice(matrix):
     """Advice on mixed precision for CPU training, from `matrix_instructions`."""
     out = []
@@ -348,23 +354,20 @@ def _cpu_precision_advice(matrix):
                            "keep --precision=float32; mixed_bfloat16 would run slower than "
                            "float32 here (0.5x down to 0.07x float32's speed for small CNNs "
                            "measured on such a CPU)."))
-    if matrix["fp16"]:
-        out.append(_advice("info", f"This CPU has float16 math ({_names(matrix['fp16'])}), but "
-                           "TensorFlow's CPU training kernels do not use it: mixed_float16 "
-                           "trains ~200x slower than float32 (zoo CNN on a Xeon with "
-                           "AVX512_FP16); keep mixed_float16 for GPUs."))
-    else:
-        out.append(_advice("info", "No float16 math on this CPU (no AVX512_FP16/AMX-FP16): "
-                           "mixed_float16 is for GPUs; here it trains far slower than float32."))
-    if matrix["int8"]:
-        out.append(_advice("info", f"This CPU has int8 dot products ({_names(matrix['int8'])}): "
-                           "int8 TFLite models (recipes/optimize.py) run several times faster "
-                           "than float ones here (2.3-3.4x for the digits CNN on a Xeon with "
-                           "AMX-INT8)."))
-    else:
-        out.append(_advice("info", "No int8 dot-product instructions (AVX512_VNNI/AVX-VNNI/"
-                           "AMX-INT8): int8 TFLite models mostly save size here, not time "
-                           "(1.02x float's speed measured on such a CPU)."))
+    out.append(_info_if_found(
+        matrix["fp16"],
+        "This CPU has float16 math ({names}), but TensorFlow's CPU training kernels do not use "
+        "it: mixed_float16 trains ~200x slower than float32 (zoo CNN on a Xeon with "
+        "AVX512_FP16); keep mixed_float16 for GPUs.",
+        "No float16 math on this CPU (no AVX512_FP16/AMX-FP16): mixed_float16 is for GPUs; "
+        "here it trains far slower than float32."))
+    out.append(_info_if_found(
+        matrix["int8"],
+        "This CPU has int8 dot products ({names}): int8 TFLite models (recipes/optimize.py) "
+        "run several times faster than float ones here (2.3-3.4x for the digits CNN on a Xeon "
+        "with AMX-INT8).",
+        "No int8 dot-product instructions (AVX512_VNNI/AVX-VNNI/AMX-INT8): int8 TFLite models "
+        "mostly save size here, not time (1.02x float's speed measured on such a CPU)."))
     return out
 
 

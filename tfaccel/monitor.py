@@ -4,8 +4,14 @@
 (nvidia-ml-py) when GPUs are visible, and CPU utilization and the process's
 resident memory (RSS) otherwise, every N steps, into TensorBoard: the
 `nvidia-smi` / `top` view of a run, kept beside its loss curves.
-`time_training` runs a few real training steps and returns their median step
-time; the automatic choices of precision, XLA and batch size are built on it.
+
+The one step timer of tfaccel and its benchmarks is here too: `StepClock`
+(warm-up steps kept apart, N timed steps, an optional deadline after which
+the step in flight is the last), its `StepTimes` (each step's seconds; median,
+percentiles, examples or tokens per second), and the ways to run it:
+`time_steps` around any function, `StepTimer` inside `fit`, `time_fit` for a
+few real training steps. `time_training` is `time_fit` as a dict; the
+automatic choices of precision, XLA and batch size are built on them.
 
 Example:
 
@@ -13,12 +19,15 @@ Example:
 
     model.fit(train_ds, epochs=5,
               callbacks=[monitor.HardwareMonitor("runs/a/logs/train", every_n_steps=20)])
-    print(monitor.time_training(model, train_ds, batch_size=64))
+    times = monitor.time_fit(model, train_ds, steps=10, warmup=3)
+    print(times.median, times.percentile(90), times.rate(64))   # s, s, examples/s
 """
 
+import dataclasses
 import statistics
 import time
 
+import numpy as np
 import psutil
 import tensorflow as tf
 from absl import logging
@@ -151,35 +160,233 @@ class HardwareMonitor(summaries.ScalarLogger):
             self.sampler = None
 
 
-class StepTimer(keras.callbacks.Callback):
-    """Records the wall time of each training step (between batch ends).
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """The seconds of each timed step, the warm-up steps' apart, and what follows from them.
 
-    A callback that reads batch-end logs makes Keras wait for each step's
-    results, so the times are real step times, not dispatch times.
+    Example:
+
+        times = StepTimes(seconds=(0.10, 0.12, 0.11), warmup_seconds=(2.5,))
+        times.median, times.percentile(90), times.rate(64)   # 0.11, 0.118, 581.8 examples/s
     """
 
-    def __init__(self):
+    seconds: tuple = ()
+    """Each timed step, in order."""
+    warmup_seconds: tuple = ()
+    """Each warm-up step (tracing, compiling, autotuning), in order: in no statistic."""
+
+    @classmethod
+    def split(cls, seconds, warmup):
+        """The `StepTimes` of steps whose first `warmup` were warm-up."""
+        return cls(tuple(seconds[warmup:]), tuple(seconds[:warmup]))
+
+    @property
+    def median(self):
+        """The median timed step: one stray recompilation or hiccup does not move it."""
+        return statistics.median(self.seconds)
+
+    @property
+    def mean(self):
+        return statistics.fmean(self.seconds)
+
+    def percentile(self, q):
+        """The `q`-th percentile (0-100) of the timed steps, interpolated as NumPy's default."""
+        return float(np.percentile(self.seconds, q))
+
+    @property
+    def total(self):
+        """Wall seconds of every step, warm-up included."""
+        return sum(self.warmup_seconds) + sum(self.seconds)
+
+    def rate(self, items_per_step):
+        """Examples (or tokens, ...) per second at the median step, `items_per_step` a step."""
+        return items_per_step / self.median
+
+    def summary(self, batch_size):
+        """{'seconds_per_step' (the median), 'steps_per_sec', 'examples_per_sec'}."""
+        seconds = self.median
+        return {"seconds_per_step": seconds, "steps_per_sec": 1.0 / seconds,
+                "examples_per_sec": self.rate(batch_size)}
+
+
+class StepClock:
+    """Times steps on one clock: `warmup` untimed steps first, then up to `steps` timed ones.
+
+    `start()` marks the beginning of a step and `stop()` its end; `lap()` ends
+    one step and begins the next at the same instant (steps back to back).
+    `done` turns true after the last timed step, or after the step during
+    which `deadline` (a `clock()` value) passed: a step is never cut short.
+    `times()` gives what was measured as `StepTimes`. `StepTimer` runs one in
+    `fit`; `time_steps` around any function.
+
+    Example:
+
+        clock = StepClock(steps=100, warmup=5)
+        while not clock.done:
+            clock.start()
+            run_one_batch()
+            clock.stop()
+        clock.times().percentile(90)
+
+    Args:
+      steps: timed steps to stop after (>= 0; None: no limit).
+      warmup: untimed steps first (>= 0).
+      deadline: a `clock()` value after which the step in flight is the last, or None.
+      clock: the clock, in seconds (injectable for tests).
+
+    Raises:
+      ConfigError: a negative `steps` or `warmup`.
+    """
+
+    def __init__(self, steps=None, warmup=0, deadline=None, clock=time.perf_counter):
+        if warmup < 0 or (steps is not None and steps < 0):
+            raise ConfigError(f"steps={steps}, warmup={warmup}: a step count cannot be negative")
+        self._steps, self._warmup = steps, int(warmup)
+        self._deadline, self._clock = deadline, clock
+        self._seconds, self._began, self._late = [], None, False
+
+    @property
+    def running(self):
+        """Whether a step has begun and not ended."""
+        return self._began is not None
+
+    @property
+    def done(self):
+        timed = len(self._seconds) - self._warmup
+        return self._late or (self._steps is not None and timed >= self._steps)
+
+    @property
+    def step_seconds(self):
+        """Every step measured, warm-up included, in order."""
+        return list(self._seconds)
+
+    def start(self):
+        self._began = self._clock()
+
+    def stop(self):
+        """Ends the step begun at `start()`; returns `done`."""
+        self._end(self._clock())
+        self._began = None
+        return self.done
+
+    def lap(self):
+        """Ends the step in flight and begins the next; returns `done`."""
+        now = self._clock()
+        self._end(now)
+        self._began = now
+        return self.done
+
+    def cancel(self):
+        """Forgets the step in flight (it never ended, e.g. `fit` returned first)."""
+        self._began = None
+
+    def _end(self, now):
+        self._seconds.append(now - self._began)
+        self._late = self._deadline is not None and now >= self._deadline
+
+    def times(self):
+        return StepTimes.split(self._seconds, self._warmup)
+
+
+def time_steps(run_step, steps, warmup=0, deadline=None, clock=time.perf_counter):
+    """Calls `run_step()` `warmup` times untimed, then up to `steps` times timed; their times.
+
+    Each call is one step, timed on its own (what runs between calls does not
+    count). With `deadline` the call during which `clock()` passed it is the last.
+
+    Example:
+
+        times = time_steps(lambda: interpreter.invoke(), steps=200, warmup=20)
+        times.median, times.percentile(90)
+
+    Returns:
+      `StepTimes`.
+    """
+    timer = StepClock(steps, warmup, deadline, clock)
+    while not timer.done:
+        timer.start()
+        run_step()
+        timer.stop()
+    return timer.times()
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Times `fit`'s steps (from one batch end to the next) with a `StepClock`.
+
+    A callback that reads batch-end logs makes Keras wait for each step's
+    results, so the times are real step times, not dispatch times. When the
+    clock is done (its timed steps run, or its deadline passed) it ends `fit`
+    after that step. With no arguments it times every step, and never stops `fit`.
+
+    Args:
+      steps, warmup, deadline, clock: as `StepClock`.
+    """
+
+    def __init__(self, steps=None, warmup=0, deadline=None, clock=time.perf_counter):
         super().__init__()
-        self.step_seconds = []
-        self._last = None
+        self.clock = StepClock(steps, warmup, deadline, clock)
+
+    @property
+    def step_seconds(self):
+        """Every step's seconds, warm-up included."""
+        return self.clock.step_seconds
+
+    def times(self):
+        return self.clock.times()
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._last is None:
-            self._last = time.perf_counter()
+        if not self.clock.running:
+            self.clock.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        self.step_seconds.append(now - self._last)
-        self._last = now
+        if self.clock.lap():
+            self.model.stop_training = True  # read by fit after each step
+
+    def on_train_end(self, logs=None):
+        self.clock.cancel()  # the lap begun at the last batch end: no step follows in this fit
+
+
+def time_fit(model, dataset, steps, warmup=0, deadline=None, clock=time.perf_counter):
+    """Trains a compiled `model` for `warmup` + `steps` steps of `dataset.repeat()`; their times.
+
+    One `fit` call; the warm-up steps (tracing, XLA compilation, autotuning) are
+    kept apart from the timed ones. With `deadline` (a `clock()` value) training
+    ends after the step during which it passed (at least one step always runs).
+    It changes the model's weights: pass a copy.
+
+    Example:
+
+        times = time_fit(model, train_ds, steps=10, warmup=3)
+        times.median, times.rate(64)   # seconds per step, examples/s at batch 64
+
+    Args:
+      model: a compiled Keras model.
+      dataset: a batched dataset of `(x, y)`.
+      steps: timed steps (>= 1).
+      warmup: untimed steps first (>= 0).
+      deadline, clock: see above.
+
+    Returns:
+      `StepTimes`: between 1 and `warmup` + `steps` steps, fewer when the deadline passed.
+
+    Raises:
+      ConfigError: `steps` < 1 or `warmup` < 0.
+    """
+    if steps < 1:
+        raise ConfigError(f"steps={steps} must be at least 1")
+    timer = StepTimer(steps, warmup, deadline, clock)
+    model.fit(dataset.repeat(), steps_per_epoch=warmup + steps, epochs=1, verbose=0,
+              callbacks=[timer])
+    return timer.times()
 
 
 def time_training(model, dataset, batch_size, warmup=3, steps=10):
     """Median seconds per training step of a compiled `model` on `dataset`, after warm-up.
 
-    Trains `model` (it changes its weights: pass a copy) for `warmup + steps`
-    steps on `dataset.repeat()` in one `fit` call. Warm-up steps (tracing,
-    XLA compilation, autotuning) are not counted; the median ignores a
-    stray recompilation.
+    `time_fit` with its result as a dict: trains `model` (it changes its
+    weights: pass a copy) for `warmup + steps` steps on `dataset.repeat()` in
+    one `fit` call. Warm-up steps (tracing, XLA compilation, autotuning) are
+    not counted; the median ignores a stray recompilation.
 
     Args:
       model: a compiled tf_keras model.
@@ -193,12 +400,7 @@ def time_training(model, dataset, batch_size, warmup=3, steps=10):
     """
     if warmup < 1 or steps < 1:
         raise ConfigError(f"warmup={warmup} and steps={steps} must both be at least 1")
-    timer = StepTimer()
-    model.fit(dataset.repeat(), steps_per_epoch=warmup + steps, epochs=1, verbose=0,
-              callbacks=[timer])
-    seconds = statistics.median(timer.step_seconds[warmup:])
-    return {"seconds_per_step": seconds, "steps_per_sec": 1.0 / seconds,
-            "examples_per_sec": batch_size / seconds}
+    return time_fit(model, dataset, steps, warmup).summary(batch_size)
 
 
 def write_trial_report(logdir, tag, rows, label_keys, value_key, path=None, title=None):

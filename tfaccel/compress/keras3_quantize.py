@@ -38,17 +38,16 @@ Example:
 import dataclasses
 import functools
 import gzip
-import time
 import warnings
 
 import numpy as np
 import tensorflow as tf
 
 from tfaccel import _compat
-from tfaccel.compress import tflite
+from tfaccel.compress import latency, tflite
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.io import atomic_path
-from tfaccel.keras import flavour_of, keras3
+from tfaccel.keras import copy_model, flavour_of, keras3
 
 KERAS3_MODES = ("int8", "int4", "int4_per_channel", "gptq")
 """Quantization modes of `keras3_quantized`."""
@@ -64,13 +63,8 @@ def _check(model, mode):
 
 
 def _copy(model):
-    try:  # a new model holding the same weights, nothing shared
-        clone = keras3().models.clone_model(model)
-    except (TypeError, ValueError, NotImplementedError) as e:
-        raise ModelError(f"cannot copy model {model.name!r} to quantize it: {first_line(e)}; "
-                         "build it as a Sequential or functional model") from None
-    clone.set_weights(model.get_weights())
-    return clone
+    """A new model holding the same weights, nothing shared, of the model's own class."""
+    return copy_model(model, "quantize a copy of")
 
 
 def _calibration_examples(calibration, num_samples):
@@ -259,43 +253,28 @@ def keras3_variant(model, mode, tflite_path, calibration=None, num_calibration_s
     return Keras3Variant(mode, quantized, "tflite", path=path, quantized=stats)
 
 
-def _keras_runner(model, example):
-    """A function timing `n` single-sample inference calls of a Keras model (seconds each)."""
+def _one_call(model, example):
+    """A function running one single-sample inference call of a Keras model (traced here)."""
     shape = (1, *[int(d) for d in tuple(model.inputs[0].shape)[1:]])
     example = np.random.default_rng(0).random(shape) if example is None else example
     x = tf.constant(np.asarray(example, np.float32).reshape(shape))
     # Compiled once, as a deployed Keras model runs; eager calls would time Python instead.
     call = tf.function(lambda inputs: model(inputs, training=False), reduce_retracing=True)
+    call(x)  # the trace, before any call is timed
 
-    def timed(n):
-        times = np.empty(n)
-        for i in range(n):
-            start = time.perf_counter()
-            call(x)
-            times[i] = time.perf_counter() - start
-        return times
+    def run():
+        call(x)
 
-    return timed
+    return run
 
 
 def compare_keras_latency(models, example=None, num_runs=200, warmup=20, rounds=5):
     """Single-sample latencies of Keras models, interleaved as `tflite_eval.compare_latency`.
 
     `models` is {name: single-input Keras model}; `example` one input (random if
-    None); `num_runs` timed calls per model in `rounds` rounds after `warmup`.
+    None); `num_runs` timed calls per model in `rounds` rounds after `warmup`
+    (`tfaccel.compress.latency`, the harness of the TFLite files too).
     Returns {name: {'mean_us', 'p50_us', 'p90_us', 'num_runs'}}.
     """
-    if num_runs < 1 or warmup < 0 or rounds < 1:
-        raise ConfigError(f"num_runs={num_runs}, warmup={warmup}, rounds={rounds}: need "
-                          "num_runs >= 1, warmup >= 0, rounds >= 1")
-    runners = {name: _keras_runner(m, example) for name, m in models.items()}
-    times = {name: [] for name in runners}
-    for timed in runners.values():
-        timed(max(warmup, 1))  # the first call traces
-    for _ in range(rounds):
-        for name, timed in runners.items():
-            times[name].append(timed(max(1, num_runs // rounds)))
-    us = {name: np.concatenate(parts) * 1e6 for name, parts in times.items()}
-    return {name: {"mean_us": float(t.mean()), "p50_us": float(np.percentile(t, 50)),
-                   "p90_us": float(np.percentile(t, 90)), "num_runs": int(t.size)}
-            for name, t in us.items()}
+    return latency.compare_latencies(models, lambda model: _one_call(model, example), num_runs,
+                                     warmup, rounds)

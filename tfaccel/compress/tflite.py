@@ -198,14 +198,23 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
     if is_keras3_object(model):
         input_specs(model, None, sequence_length)  # a variable length fails before any work
         model = apply_precision(model, "float32")
+    with _base_converter(model, sequence_length) as converter:
+        _configure(converter, model, mode, representative_data, num_calibration_samples,
+                   optimize_sparsity)
+        return write_converted(converter, path, f"{model.name!r} in mode {mode!r}",
+                               "try mode='float' or 'dynamic', or replace the unsupported op")
+
+
+def write_converted(converter, path, what, advice):
+    """Runs a TFLite `converter` and writes its flatbuffer to `path` atomically; returns `path`.
+
+    Raises:
+      ModelError: the converter rejects the model: one line, "TFLite conversion of
+        `what` failed: <the converter's first line>; `advice`".
+    """
     try:
-        with _base_converter(model, sequence_length) as converter:
-            _configure(converter, model, mode, representative_data, num_calibration_samples,
-                       optimize_sparsity)
-            flatbuffer = converter.convert()
+        flatbuffer = converter.convert()
     except _compat.tflite_converter_errors() as e:  # keep one readable line
-        raise ModelError(f"TFLite conversion of {model.name!r} in mode {mode!r} failed: "
-                         f"{first_line(e)}; "
-                         "try mode='float' or 'dynamic', or replace the unsupported op") from None
-    write_bytes(path, flatbuffer)
-    return path
+        raise ModelError(f"TFLite conversion of {what} failed: {first_line(e)}; {advice}") \
+            from None
+    return write_bytes(path, flatbuffer)

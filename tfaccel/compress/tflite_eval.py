@@ -17,14 +17,13 @@ Example:
     print(tflite_eval.tflite_sizes("out/model_int8.tflite"))
 """
 
-import time
-
 import numpy as np
 import tensorflow as tf
 
 from tfaccel import _compat
+from tfaccel.compress import latency
 from tfaccel.compress.tflite import is_batched
-from tfaccel.errors import ConfigError, DataError, ModelError, first_line
+from tfaccel.errors import DataError, ModelError, first_line
 from tfaccel.io import file_size, gzipped_size
 from tfaccel.keras import keras
 
@@ -139,8 +138,8 @@ def evaluate_tflite(model, dataset, batch_size=256, num_threads=None, progress=T
             "num_examples": len(y), "predictions": predictions}
 
 
-def _latency_runner(model, example, num_threads):
-    """A function timing `n` single-sample invocations of `model` (seconds each)."""
+def _one_invocation(model, example, num_threads):
+    """A function running one single-sample invocation of `model` (`example`: random if None)."""
     interpreter = make_interpreter(model, num_threads)
     inp = interpreter.get_input_details()[0]
     shape = [1, *inp["shape_signature"][1:]]
@@ -151,25 +150,13 @@ def _latency_runner(model, example, num_threads):
         interpreter.resize_tensor_input(inp["index"], shape)
         interpreter.allocate_tensors()
         inp = interpreter.get_input_details()[0]
-    quantized = _to_input(example, inp)
+    quantized, index = _to_input(example, inp), inp["index"]
 
-    def timed(n):
-        times = np.empty(n)
-        for i in range(n):
-            start = time.perf_counter()
-            interpreter.set_tensor(inp["index"], quantized)
-            interpreter.invoke()
-            times[i] = time.perf_counter() - start
-        return times
+    def invoke():
+        interpreter.set_tensor(index, quantized)
+        interpreter.invoke()
 
-    return timed
-
-
-def _latency_stats(times, num_threads):
-    times = np.asarray(times) * 1e6
-    return {"mean_us": float(times.mean()), "p50_us": float(np.percentile(times, 50)),
-            "p90_us": float(np.percentile(times, 90)), "num_runs": int(times.size),
-            "num_threads": num_threads}
+    return invoke
 
 
 def measure_latency(model, example=None, num_runs=200, warmup=20, num_threads=1):
@@ -194,7 +181,8 @@ def compare_latency(models, example=None, num_runs=200, warmup=20, num_threads=1
 
     Each model runs `num_runs / rounds` timed invocations per round, in turn,
     so that load from other processes on a shared machine falls on all of them
-    alike; their ratios are then fair even when the absolute times are noisy.
+    alike; their ratios are then fair even when the absolute times are noisy
+    (`tfaccel.compress.latency`, the harness Keras models are timed with too).
 
     Example:
 
@@ -211,19 +199,14 @@ def compare_latency(models, example=None, num_runs=200, warmup=20, num_threads=1
 
     Returns:
       {name: {'mean_us', 'p50_us', 'p90_us', 'num_runs', 'num_threads'}}.
+
+    Raises:
+      ConfigError: `num_runs` < 1, `warmup` < 0 or `rounds` < 1.
     """
-    if num_runs < 1 or warmup < 0 or rounds < 1:
-        raise ConfigError(f"num_runs={num_runs}, warmup={warmup}, rounds={rounds}: need "
-                          "num_runs >= 1, warmup >= 0, rounds >= 1")
-    runners = {name: _latency_runner(model, example, num_threads) for name, model in models.items()}
-    for timed in runners.values():
-        timed(warmup)
-    per_round = max(1, num_runs // rounds)
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, timed in runners.items():
-            times[name].append(timed(per_round))
-    return {name: _latency_stats(np.concatenate(t), num_threads) for name, t in times.items()}
+    stats = latency.compare_latencies(
+        models, lambda model: _one_invocation(model, example, num_threads), num_runs, warmup,
+        rounds)
+    return {name: dict(s, num_threads=num_threads) for name, s in stats.items()}
 
 
 def tflite_sizes(path):

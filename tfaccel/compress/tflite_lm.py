@@ -25,11 +25,10 @@ Example:
 import numpy as np
 import tensorflow as tf
 
-from tfaccel import _compat
+from tfaccel.compress.tflite import write_converted
 from tfaccel.compress.tflite_eval import make_interpreter
 from tfaccel.data.text import num_windows
-from tfaccel.errors import ConfigError, DataError, ModelError, first_line
-from tfaccel.io import write_bytes
+from tfaccel.errors import ConfigError, DataError, ModelError
 from tfaccel.keras import ensure_tf_keras
 from tfaccel.train.generate import model_context
 from tfaccel.train.gpt import check_sequence_length, gpt_config_of
@@ -95,13 +94,8 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
     converter = _window_converter(model, int(sequence_length))
     if LM_MODES[mode] == "dynamic":  # int8 weights, float activations: needs no data
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    try:
-        flatbuffer = converter.convert()
-    except _compat.tflite_converter_errors() as e:  # keep one readable line
-        raise ModelError(f"TFLite conversion of language model {model.name!r} in mode {mode!r} "
-                         f"failed: {first_line(e)}; try mode='float', or replace the "
-                         "unsupported op") from None
-    return write_bytes(path, flatbuffer)
+    return write_converted(converter, path, f"language model {model.name!r} in mode {mode!r}",
+                           "try mode='float', or replace the unsupported op")
 
 
 def _check_fits_context(model, sequence_length):

@@ -12,7 +12,6 @@ The package's public names are those of its modules, loaded on first use (so
     per_replica = distribute.per_replica_batch_size(64, strategy.num_replicas_in_sync)
 """
 
-import importlib
 import warnings
 
 from tfaccel import _aliases
@@ -35,17 +34,6 @@ def _scale_learning_rate_by_replicas(learning_rate, num_replicas):
     return batching.scale_learning_rate(learning_rate, num_replicas, base_batch_size=1)
 
 
-def __getattr__(name):
-    module = _aliases.submodule(__name__, name)
-    if module is not None:
-        return module
-    if name == "scale_learning_rate":  # kept with its 0.1.0 meaning (lr x replicas)
-        return _scale_learning_rate_by_replicas
-    if not name.startswith("_"):
-        for module_name in _MODULES:
-            module = importlib.import_module(module_name)
-            if name in module.__all__:
-                value = getattr(module, name)
-                globals()[name] = value
-                return value
-    raise AttributeError(f"module 'tfaccel.distribute' has no attribute {name!r}")
+# scale_learning_rate keeps its 0.1.0 meaning here (lr x replicas).
+__getattr__ = _aliases.submodule_getattr(
+    __name__, _MODULES, names={"scale_learning_rate": _scale_learning_rate_by_replicas})

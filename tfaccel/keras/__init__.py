@@ -28,13 +28,14 @@ one layer-by-layer copy of a model), `set_global_policy` (both Kerases' dtype po
 import json
 import os
 import sys
+import warnings
 import zipfile
 
 import tensorflow as tf
 import tf_keras as keras
 
 from tfaccel import _aliases, choices
-from tfaccel.errors import ConfigError, ModelError, WrongKerasError
+from tfaccel.errors import ConfigError, ModelError, WrongKerasError, first_line as _first_line
 
 FLAVOURS = choices.KERAS_FLAVOURS
 """The Kerases tfaccel knows: tf_keras (Keras 2, what TF-MOT needs) and Keras 3."""
@@ -191,6 +192,66 @@ def clone_with_weights(model, clone_layer=None, *, wrap=None, nested=True):
     return copy
 
 
+def _with_dtype(config, name):
+    """`config` (a serialized model) with every layer's dtype policy replaced by `name`."""
+    if isinstance(config, dict):
+        return {k: (name if k == "dtype" else _with_dtype(v, name)) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_with_dtype(v, name) for v in config]
+    return config
+
+
+def rebuild_from_config(model, dtype=None):
+    """`model` rebuilt from its own serialized config (every dtype policy `dtype` when given),
+    same class, holding the same weights; None when its class does not rebuild that way (no
+    usable config, or other weights).
+
+    How a model of a class of its own is copied (a KerasHub `GPT2CausalLM` stays one, with
+    its `generate()`), where `clone_with_weights` would make a plain functional model.
+    """
+    saving = keras_of(model).saving
+    previous = None
+    try:
+        if dtype is not None:
+            previous = set_global_policy(dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Keras 3: "compile() was not called" (we do not)
+            config = saving.serialize_keras_object(model)
+            clone = saving.deserialize_keras_object(
+                config if dtype is None else _with_dtype(config, dtype))
+        if type(clone) is not type(model) or len(clone.weights) != len(model.weights):
+            return None
+        clone.set_weights(model.get_weights())
+    except Exception:  # noqa: BLE001 (any class whose config does not rebuild it: None)
+        return None
+    finally:
+        if previous is not None:
+            set_global_policy(previous)
+    return clone
+
+
+def copy_model(model, what="copy"):
+    """A new model of `model`'s own class (either Keras) holding the same weights, nothing
+    shared: rebuilt from its config (`rebuild_from_config`: KerasHub tasks, subclasses with a
+    config, registered layers), else layer by layer (`clone_with_weights`: a Sequential or
+    functional model whose custom layers are not registered for serialization).
+
+    Raises:
+      ModelError: neither works (a subclassed model without a config): one line, `what`
+        naming the purpose.
+    """
+    clone = rebuild_from_config(model)
+    if clone is not None:
+        return clone
+    try:
+        return clone_with_weights(model)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise ModelError(f"cannot {what} model {model.name!r} ({type(model).__name__}): its "
+                         f"get_config() does not rebuild it and Keras cannot clone it "
+                         f"({_first_line(e)}): give it a get_config(), or build it as a "
+                         "functional model") from None
+
+
 def set_global_policy(name: str) -> str:
     """Sets the global dtype policy `name` of tf_keras and, if imported, Keras 3.
 
@@ -323,4 +384,4 @@ __getattr__ = _aliases.submodule_getattr(__name__)  # tfaccel.keras.bridge, load
 __all__ = ["keras", "keras3_if_loaded", "keras_for", "keras_of", "ensure_tf_keras",
            "is_keras3_object", "flavour_of", "keras3", "FLAVOURS", "check_flavour",
            "clone_with_weights", "set_global_policy", "save_for_serving", "saved_flavour",
-           "tfmot", "input_specs"]
+           "tfmot", "input_specs", "copy_model", "rebuild_from_config"]

@@ -10,22 +10,9 @@ package's own, as `tfaccel.parallel` was that module before it became a package:
     model = tfaccel.parallel.pipeline_parallel(model, num_stages=2, micro_batches=4)
 """
 
-import importlib
-
 from tfaccel import _aliases
 
 _MODULES = ("tfaccel.parallel.pipeline", "tfaccel.parallel.stages")
 
 
-def __getattr__(name):
-    module = _aliases.submodule(__name__, name)
-    if module is not None:
-        return module
-    if not name.startswith("_"):
-        for module_name in _MODULES:
-            module = importlib.import_module(module_name)
-            if name in module.__all__:
-                value = getattr(module, name)
-                globals()[name] = value
-                return value
-    raise AttributeError(f"module 'tfaccel.parallel' has no attribute {name!r}")
+__getattr__ = _aliases.submodule_getattr(__name__, _MODULES)

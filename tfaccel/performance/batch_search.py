@@ -32,8 +32,8 @@ import tensorflow as tf
 from absl import logging
 
 from tfaccel import monitor
-from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import keras
+from tfaccel.errors import ConfigError
+from tfaccel.keras import copy_model, keras
 from tfaccel.performance import memory
 from tfaccel.train import precision
 from tfaccel.train.training import compile_classifier
@@ -69,23 +69,11 @@ def resolve_budget(budget_seconds, epoch_seconds=None):
     return float(budget_seconds)
 
 
-class _DeadlineTimer(monitor.StepTimer):
-    """A `StepTimer` that ends `fit` after the step during which `deadline` passed."""
-
-    def __init__(self, deadline, clock):
-        super().__init__()
-        self._deadline, self._clock = deadline, clock
-
-    def on_train_batch_end(self, batch, logs=None):
-        super().on_train_batch_end(batch, logs)
-        if self._clock() >= self._deadline:
-            self.model.stop_training = True  # read by fit after each step
-
-
 def timed_steps(model, dataset, steps, deadline=None, clock=time.perf_counter):
     """Trains a compiled `model` for up to `steps` steps of `dataset.repeat()`; their seconds.
 
-    Training stops early after the step during which `clock()` passed
+    `tfaccel.monitor.time_fit` with no warm-up, as a list (kept for its callers):
+    training stops early after the step during which `clock()` passed
     `deadline` (at least one step always runs). The first step of a call
     includes tracing (and XLA compilation) for a new input shape. It changes
     the model's weights: pass a copy.
@@ -100,11 +88,7 @@ def timed_steps(model, dataset, steps, deadline=None, clock=time.perf_counter):
     Returns:
       The wall seconds of each step run, in order (between 1 and `steps` values).
     """
-    if steps < 1:
-        raise ConfigError(f"steps={steps} must be at least 1")
-    timer = _DeadlineTimer(float("inf") if deadline is None else deadline, clock)
-    model.fit(dataset.repeat(), steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
-    return list(timer.step_seconds)
+    return list(monitor.time_fit(model, dataset, steps, deadline=deadline, clock=clock).seconds)
 
 
 def first_step_batch(batch_size, multiple=1):
@@ -258,12 +242,7 @@ def measure_batch_size(model, dataset, batch_size, compile_fn=None, warmup=2, st
     Returns:
       {'examples_per_sec', 'seconds_per_step', 'steps_per_sec', 'peak_memory_mb'}.
     """
-    try:
-        trial = keras.models.clone_model(model)
-    except ValueError as e:
-        raise ModelError(f"batch-size search needs a Functional or Sequential model to copy, "
-                         f"{model.name!r} is not ({first_line(e)})") from None
-    trial.set_weights(model.get_weights())
+    trial = copy_model(model, "time a batch size on a copy of")
     (compile_fn or default_compile)(trial)
     if callable(dataset):
         batches = dataset(batch_size)

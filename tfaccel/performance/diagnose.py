@@ -23,11 +23,10 @@ import dataclasses
 import os
 import shutil
 import tempfile
-import time
 
 import tensorflow as tf
 
-from tfaccel import _compat, summaries
+from tfaccel import _compat, monitor, summaries
 from tfaccel.errors import ConfigError
 
 INPUT_BOUND = "input-bound"
@@ -75,7 +74,8 @@ def measure_input_throughput(dataset, *, num_batches=20, warmup=3, repeats=3):
     """Examples/s of iterating a batched dataset alone: best of `repeats` fresh iterators.
 
     Each run starts a new iterator (repeating the dataset if it is short), skips
-    `warmup` batches (start-up, shuffle-buffer filling), then times `num_batches`.
+    `warmup` batches (start-up, shuffle-buffer filling), then times `num_batches`
+    (`tfaccel.monitor.time_steps`, a batch a step).
 
     Returns:
       ``(best_examples_per_sec, all_runs)``.
@@ -83,13 +83,10 @@ def measure_input_throughput(dataset, *, num_batches=20, warmup=3, repeats=3):
     _check_counts(num_batches, warmup, repeats)
     runs = []
     for _ in range(repeats):
-        iterator = iter(dataset.repeat())
-        for _ in range(warmup):
-            next(iterator)
-        examples, start = 0, time.perf_counter()
-        for _ in range(num_batches):
-            examples += _batch_size(next(iterator))
-        runs.append(examples / max(time.perf_counter() - start, 1e-9))
+        iterator, sizes = iter(dataset.repeat()), []
+        times = monitor.time_steps(lambda: sizes.append(_batch_size(next(iterator))),
+                                   num_batches, warmup)
+        runs.append(sum(sizes[warmup:]) / max(sum(times.seconds), 1e-9))
     return max(runs), tuple(runs)
 
 
@@ -124,14 +121,15 @@ def measure_step_throughput(model, dataset, *, num_steps=20, warmup=3, repeats=3
         calls = max(1, num_steps // per_call)
         for _ in range(max(1, warmup // per_call)):
             train_function(iterator)
-        runs = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+
+        def run():  # `calls` steps, then their results read: the work is done when it returns
             for _ in range(calls):
                 logs = train_function(iterator)
             tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, logs)
-            runs.append(calls * per_call * batch / max(time.perf_counter() - start, 1e-9))
-    return max(runs), tuple(runs)
+
+        times = monitor.time_steps(run, repeats)
+    runs = tuple(calls * per_call * batch / max(s, 1e-9) for s in times.seconds)
+    return max(runs), runs
 
 
 class _restored:

@@ -24,11 +24,11 @@ Example:
 """
 
 import dataclasses
-import statistics
 import time
 
 from absl import logging
 
+from tfaccel import monitor
 from tfaccel.choices import PRECISIONS
 from tfaccel.errors import ConfigError
 from tfaccel.performance import batch_search, memory
@@ -217,7 +217,7 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
         if key == baseline:  # the fallback must have a timing, even out of budget
             s.rows[key]["timing"] = min(times[1:] or times)
 
-    def timed(keys):
+    def take_turns(keys):
         for r in range(rounds):
             live = s.live(keys)
             if not live:
@@ -232,10 +232,11 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
                     s.end(key, BUDGET_SPENT, f"its {s.rows[key]['seconds']:.1f} s share spent "
                           + (f"after {done} round(s)" if done else "before a timed round"))
                     continue
-                times = s.run(key, ROUND, 1 + n)[1:]  # a fit call's first step is slower
-                if times:
+                # A fit call's first step is slower: one warm-up step.
+                times = monitor.StepTimes.split(s.run(key, ROUND, 1 + n), warmup=1)
+                if times.seconds:
                     row = s.rows[key]
-                    seconds = statistics.median(times)
+                    seconds = times.median
                     row["timing"] = min(row["timing"] or seconds, seconds)
                     row["rounds"] += 1
             timed_keys = [k for k in s.live(keys) if s.rows[k]["timing"]]
@@ -250,7 +251,7 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
         stage1 = [(p, first_jit) for p in sorted(precisions, key=lambda p: p != baseline[0])]
         for key in stage1:
             begin(key)
-        timed(stage1)
+        take_turns(stage1)
         timings = {k: r["timing"] for k, r in s.rows.items() if r["timing"]}
         best_precision = choose_fastest(timings, baseline, min_speedup)[0]
         for key in [k for k in stage1 if k[0] != best_precision and k != baseline]:
@@ -262,7 +263,7 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
                     begin(key)
                 elif s.rows[key]["status"] == MEASURED:
                     s.rows[key]["status"] = None
-            timed(stage2)
+            take_turns(stage2)
     finally:
         getattr(measure, "release", lambda key: None)(None)
     timings = {k: r["timing"] for k, r in s.rows.items() if r["timing"]}
@@ -295,7 +296,7 @@ class _CopyTrials:
             self.copies[key] = precision.apply_precision(self.model, key[0], copy=True)
             self.compile_fn(self.copies[key], *key)
         data = self.small if kind == FIRST else self.dataset
-        return batch_search.timed_steps(self.copies[key], data, steps, deadline)
+        return monitor.time_fit(self.copies[key], data, steps, deadline=deadline).seconds
 
     def release(self, key):
         """Forgets the copy of `key` (None: all of them, and frees Keras's memory)."""

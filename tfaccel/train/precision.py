@@ -27,14 +27,19 @@ Example:
 """
 
 import contextlib
-import warnings
 
 import tensorflow as tf
 
 from tfaccel import _compat, doctor
 from tfaccel.choices import JIT_CHOICES, PRECISIONS
 from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import clone_with_weights, keras, keras_of, set_global_policy
+from tfaccel.keras import (
+    clone_with_weights,
+    keras,
+    keras_of,
+    rebuild_from_config,
+    set_global_policy,
+)
 
 _MIN_CAPABILITY = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}
 
@@ -150,32 +155,6 @@ def _clone(model, name):
     return clone_with_weights(model, clone_layer)
 
 
-def _with_dtype(config, name):
-    """`config` (a serialized model) with every layer's dtype policy replaced by `name`."""
-    if isinstance(config, dict):
-        return {k: (name if k == "dtype" else _with_dtype(v, name)) for k, v in config.items()}
-    if isinstance(config, list):
-        return [_with_dtype(v, name) for v in config]
-    return config
-
-
-def _rebuild_from_config(model, name):
-    """`model` rebuilt from its own config under policy `name`, same class, same weights, or
-    None when its class cannot be rebuilt that way (no usable config, or other weights)."""
-    saving = keras_of(model).saving
-    try:
-        with precision_scope(name), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Keras 3: "compile() was not called" (we do not)
-            clone = saving.deserialize_keras_object(
-                _with_dtype(saving.serialize_keras_object(model), name))
-        if type(clone) is not type(model) or len(clone.weights) != len(model.weights):
-            return None
-        clone.set_weights(model.get_weights())
-    except Exception:  # noqa: BLE001 (any class whose config does not rebuild it: refused after)
-        return None
-    return clone
-
-
 def _computes_under(model, name, outputs=()):
     input_layer = keras_of(model).layers.InputLayer
     return all(layer.dtype_policy.name == name for layer in model.layers
@@ -224,7 +203,7 @@ def apply_precision(model, name, *, copy=False):
         if last is not None and last.dtype_policy.name == "float32" and \
                 all(layer.dtype_policy.name == name for layer in hidden):
             return model
-    rebuilt = _rebuild_from_config(model, name)
+    rebuilt = rebuild_from_config(model, name)
     if rebuilt is None:
         kind = "subclassed model" if not _compat.is_graph_network(model) else "model"
         raise ModelError(f"{kind} {model.name!r} ({type(model).__name__}) does not compute "
