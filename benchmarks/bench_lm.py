@@ -45,6 +45,7 @@ def main(argv):
 
     from tfaccel import doctor, plots, summaries
     from tfaccel.keras import keras
+    from tfaccel.performance import utilization
     from tfaccel.train import language_model, precision, resume
 
     length = lm_common.sequence_length()
@@ -95,6 +96,9 @@ def main(argv):
         runs = timing.alternate(FLAGS.rounds, lambda side: run(side, log),
                                 printer=lambda line: print(line, flush=True))
 
+    flops_per_token = utilization.training_flops_per_example(
+        build(), sequence_length=length) / length  # the traced step's own count
+    peak = doctor.peak(policy)
     train = {side: timing.steady(runs, side, "train_seconds") for side in ("bare", "recipe")}
     epochs = {side: timing.steady(runs, side) for side in ("bare", "recipe")}
     rates = {side: train[side].rate(tokens_per_epoch) for side in train}
@@ -105,15 +109,16 @@ def main(argv):
     val_loss = statistics.median(run_["val_loss"] for run_ in recipe_runs)
     fit_seconds = max(run_["fit_seconds"] for run_ in recipe_runs)
     met = ratio >= TARGET
+    mfu = {side: utilization.mfu(rates[side], flops_per_token, peak) for side in rates}
     rows = [{"what": "bare fit (validation, no callbacks)", "train_tokens_per_sec": rates["bare"],
-             "epoch_tokens_per_sec": wall["bare"],
+             "mfu": mfu["bare"], "epoch_tokens_per_sec": wall["bare"],
              "median_epoch_ms": 1000 * epochs["bare"].median},
             {"what": "recipe (train_lm.py's callbacks)", "train_tokens_per_sec": rates["recipe"],
-             "epoch_tokens_per_sec": wall["recipe"],
+             "mfu": mfu["recipe"], "epoch_tokens_per_sec": wall["recipe"],
              "median_epoch_ms": 1000 * epochs["recipe"].median}]
     rows += [{"what": f"  {name}", "median_epoch_ms": 1000 * cost.median}
              for name, cost in timing.callback_costs(runs).items()]
-    table = summaries.markdown_table(rows, ["what", "train_tokens_per_sec",
+    table = summaries.markdown_table(rows, ["what", "train_tokens_per_sec", "mfu",
                                             "epoch_tokens_per_sec", "median_epoch_ms"])
     label = (f"GPT {FLAGS.gpt_size} on {splits.source}, batch {FLAGS.batch_size} x {length} "
              f"tokens, {FLAGS.epochs} epochs of {FLAGS.steps_per_epoch} steps x {FLAGS.rounds} "
@@ -124,8 +129,10 @@ def main(argv):
                + f"); whole epochs (validation, the recipe's sample) {wall_ratio:.3f}\n"
                f"recipe: validation loss {val_loss:.4f} nats/{unit} after "
                f"{FLAGS.epochs * FLAGS.steps_per_epoch} steps, fit {fit_seconds:.1f} s")
-    print(f"\n{label}\nmachine: {machine}\nper steady epoch (hook time of each callback):\n"
-          f"{table}\n\n{verdict}")
+    utilization_line = (f"model FLOPs: {flops_per_token / 1e6:.2f} MFLOP per token (traced step); "
+                        f"peak {peak.flops_per_second / 1e9:,.0f} GFLOP/s = {peak.how}")
+    print(f"\n{label}\nmachine: {machine}\n{utilization_line}\n"
+          f"per steady epoch (hook time of each callback):\n{table}\n\n{verdict}")
 
     png = plots.plot_rates(["bare fit: training", "recipe: training", "bare fit: whole epochs",
                             "recipe: whole epochs"],
@@ -138,10 +145,13 @@ def main(argv):
                    "batch_size": FLAGS.batch_size, "epochs": FLAGS.epochs,
                    "steps_per_epoch": FLAGS.steps_per_epoch, "rounds": FLAGS.rounds,
                    "precision": policy, "machine": machine},
-        "tokens_per_sec": rates, "epoch_tokens_per_sec": wall, "ratio": ratio,
+        "tokens_per_sec": rates, "mfu": mfu, "flops_per_token": flops_per_token,
+        "peak": {"flops_per_second": peak.flops_per_second, "how": peak.how},
+        "epoch_tokens_per_sec": wall, "ratio": ratio,
         "epoch_ratio": wall_ratio, "round_ratios": per_round, "validation_loss": val_loss,
         "recipe_fit_seconds": fit_seconds, "target": {"min_ratio": TARGET, "met": met},
-        "runs": runs}, f"{label}\n\n{machine}\n\n{table}\n\n{verdict}", png, also=["fit.log"])
+        "runs": runs}, f"{label}\n\n{machine}\n\n{utilization_line}\n\n{table}\n\n{verdict}",
+        png, also=["fit.log"])
     return 0 if met else 1
 
 

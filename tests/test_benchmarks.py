@@ -337,6 +337,13 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
     rates = result["tokens_per_sec"]
     assert rates["bare"] > 0 and rates["recipe"] > 0
     assert result["ratio"] == pytest.approx(rates["recipe"] / rates["bare"])
+    peak = result["peak"]["flops_per_second"]
+    assert peak > 1e9 and "FLOP/cycle" in result["peak"]["how"]
+    for side in ("bare", "recipe"):  # MFU = tokens/s x the traced step's FLOPs per token / peak
+        assert result["mfu"][side] == pytest.approx(
+            rates[side] * result["flops_per_token"] / peak)
+        assert 0 < result["mfu"][side] < 1
+    assert "peak" in proc.stdout and "MFLOP per token" in proc.stdout
     assert result["target"]["met"] == (result["ratio"] >= result["target"]["min_ratio"])
     assert (proc.returncode == 0) == result["target"]["met"]
     recipe = next(r for r in result["runs"] if r["side"] == "recipe")
