@@ -30,8 +30,8 @@ from fit_setup import (
 from flagkit import (
     FLAGS,
     BatchSizeParser,
-    check_choice,
     check_flag,
+    check_flags,
     command_line,
     flag_values,
     int_list,
@@ -39,20 +39,20 @@ from flagkit import (
     require_ints,
 )
 from shared_flags import (
+    AUTO_BATCH_START,
     TRAIN_BACKUP_FREQ,
     check_strategy,
     define_backup_flags,
     define_data_flags,
     define_distribute_flags,
-    define_gpt_flags,
     define_host_allocator_flag,
     define_model_flags,
     define_optimizer_flags,
     define_performance_flags,
     define_pipeline_flags,
     define_schedule_flags,
-    define_text_flags,
     define_train_flags,
+    float_list,
 )
 
 from tfaccel import choices
@@ -60,12 +60,12 @@ from tfaccel.errors import ConfigError
 
 __all__ = [
     # Re-exported: the flag machinery and the shared flags the recipes use.
-    "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError", "check_choice", "check_flag",
-    "choices", "command_line", "define_backup_flags", "define_data_flags",
-    "define_distribute_flags", "define_gpt_flags", "define_host_allocator_flag",
+    "AUTO_BATCH_START", "FLAGS", "TRAIN_BACKUP_FREQ", "BatchSizeParser", "ConfigError",
+    "check_flag", "check_flags", "choices", "command_line", "define_backup_flags",
+    "define_data_flags", "define_distribute_flags", "define_host_allocator_flag",
     "define_model_flags", "define_optimizer_flags", "define_performance_flags",
-    "define_pipeline_flags", "define_schedule_flags", "define_text_flags", "define_train_flags",
-    "flag_values", "int_list", "reject_extra_args", "require_ints",
+    "define_pipeline_flags", "define_schedule_flags", "define_train_flags", "flag_values",
+    "float_list", "int_list", "reject_extra_args", "require_ints",
     # The setup.
     "load_data", "load_model", "check_keras3_flags", "model_label", "default_model_dir",
     "check_output_dirs", "run_dirs", "write_run_config", "use_host_allocator",
@@ -281,19 +281,12 @@ def lr_schedule(learning_rate, steps_per_epoch):
     """The `tfaccel.train.schedules` schedule the schedule flags ask for."""
     from tfaccel.train.schedules import make_schedule
 
-    def floats(values, name):
-        try:
-            return [float(v) for v in values]
-        except ValueError:
-            raise ConfigError(f"--{name}={','.join(values)} must be comma-separated numbers"
-                              ) from None
-
     return make_schedule(FLAGS.lr_schedule, learning_rate, steps_per_epoch=steps_per_epoch,
                          epochs=FLAGS.epochs, warmup_epochs=FLAGS.warmup_epochs,
                          decay_epochs=FLAGS.decay_epochs, decay_rate=FLAGS.decay_rate,
                          min_lr_ratio=FLAGS.min_lr_ratio,
-                         boundaries=floats(FLAGS.lr_boundaries, "lr_boundaries"),
-                         multipliers=floats(FLAGS.lr_multipliers, "lr_multipliers"))
+                         boundaries=float_list(FLAGS.lr_boundaries, "lr_boundaries"),
+                         multipliers=float_list(FLAGS.lr_multipliers, "lr_multipliers"))
 
 
 def run(main, model_dir_prefix=""):

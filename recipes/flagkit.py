@@ -1,21 +1,24 @@
 """The recipes' flag machinery: absl flags whose every error is one line, before TensorFlow.
 
-`parse_flags` is absl's flags_parser for the recipes: an unknown or malformed flag, a stray
-argument, a value a registered check refuses (`check_flag`, `check_choice`, `require_ints`)
-and a nan/inf float or a learning rate <= 0 each become one `error: <problem>: <fix>` line
-on stderr and exit 2, in a fraction of a second, because nothing here imports TensorFlow.
-`run` parses, runs the recipe's pre-flight check, imports TensorFlow quietly and calls the
-recipe's `main`; `--help` lists the recipe's own flags, then each help group (`GROUPS`) of
-the shared ones.
+absl checks every value while it parses the flags: the flag's own parser (`DEFINE_integer`
+with `lower_bound`, `DEFINE_enum`, `BatchSizeParser`...) and the validators the flag modules
+register with `check_flag` and `check_flags` (absl's `register_validator` and
+`register_multi_flags_validator`), which call the same TensorFlow-free checks as the tfaccel
+helpers (`tfaccel.choices`); every float flag must also be finite, every learning rate > 0.
+`parse_flags`, absl's flags_parser for the recipes, turns whatever absl refuses and a stray
+argument into one `error: <problem>: <fix>` line on stderr and exit 2, in a fraction of a
+second, because nothing here imports TensorFlow (recipes/flag_errors.py writes the line from
+what absl's exception carries, not from its wording). `run` parses, runs the recipe's
+pre-flight check, imports TensorFlow quietly and calls the recipe's `main`; `--help` lists
+the recipe's own flags, then each help group (`GROUPS`) of the shared ones.
 
-recipes/common.py defines the shared flags and turns them into tfaccel calls; the recipes
-import that module, which re-exports what they use from here.
+recipes/shared_flags.py defines the shared flags (recipes/lm_common.py the language model's),
+recipes/common.py turns them into tfaccel calls; the recipes import that module, which
+re-exports what they use from here.
 """
 
-import ast
 import math
 import os
-import re
 import sys
 
 # Filters what TensorFlow's C++ code logs once loaded (errors and worse); tfaccel.quiet applies
@@ -23,6 +26,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging
+from flag_errors import flag_error_message, name_the_flag_in_parse_errors, number_hint
 
 from tfaccel.errors import ConfigError, TfaccelError
 
@@ -52,9 +56,9 @@ class BatchSizeParser(flags.ArgumentParser):
         except ValueError:
             value = 0
         if value < 1 or isinstance(argument, bool):
-            raise ValueError(f"{argument!r} is not a batch size: use a positive integer, e.g. 64"
-                             + (", or 'auto' to measure the fastest that fits" if self.allow_auto
-                                else ""))
+            raise ConfigError(f"{argument!r} is not a batch size: use a positive integer, e.g. 64"
+                              + (", or 'auto' to measure the fastest that fits"
+                                 if self.allow_auto else ""))
         return value
 
     def flag_type(self):
@@ -71,27 +75,43 @@ def recipe_path():
     return f"recipes/{os.path.basename(sys.argv[0])}"
 
 
-# --- Checks that run while the flags are parsed, before TensorFlow loads.
+# --- Validators: absl runs them once the flags are parsed (and again when a recipe sets a
+# flag), before TensorFlow loads.
 
-_CHECKS = []
+_refused = []  # the TfaccelErrors our validators raised since the flags were last parsed
+
+
+def _validator(check):
+    """An absl checker running `check`: its TfaccelError becomes absl's ValidationError, and
+    is kept for the error line (absl prefixes the flags and their values to the text)."""
+
+    def checker(value):
+        try:
+            check(value)
+        except TfaccelError as e:
+            _refused.append(e)
+            raise flags.ValidationError(str(e)) from e
+        return True
+
+    return checker
 
 
 def check_flag(name, check):
-    """Runs `check(value)` on --name right after parsing; a ConfigError it raises is the line."""
-    _CHECKS.append((name, check))
+    """absl validates --name with `check(value)`; a ConfigError it raises is the error line."""
+    flags.register_validator(name, _validator(check))
 
 
-def check_in(value, what, options, lower=False):
-    """Raises ConfigError unless `value` is one of `options` (`lower`: compared lower-cased);
-    None passes."""
-    key = str(value).strip().lower() if lower and value is not None else value
-    if value is not None and key not in options:
+def check_flags(names, check):
+    """absl validates the flags `names` together: `check(name=value, ...)` with those of them
+    the recipe defines (so `check` gives the others defaults); a ConfigError is the line."""
+    defined = [name for name in names if name in FLAGS]
+    flags.register_multi_flags_validator(defined, _validator(lambda values: check(**values)))
+
+
+def check_in(value, what, options):
+    """Raises ConfigError unless `value` is one of `options`; None passes."""
+    if value is not None and value not in options:
         raise ConfigError(f"unknown {what} {value!r}: use one of {', '.join(options)}")
-
-
-def check_choice(name, what, options, lower=False):
-    """--name must be one of `options` (`lower`: compared lower-cased); None passes."""
-    check_flag(name, lambda value: check_in(value, what, options, lower))
 
 
 def require_ints(name, what, count=None, example=None, rule=None, allow_empty=False):
@@ -117,26 +137,27 @@ def require_ints(name, what, count=None, example=None, rule=None, allow_empty=Fa
     check_flag(name, check)
 
 
-def _number_hint(flag):
-    """', e.g. --name=<default>' (a learning rate without one: --learning_rate's default)."""
-    example = flag.default
-    if example is None and flag.name.endswith("learning_rate") and "learning_rate" in FLAGS:
-        example = FLAGS["learning_rate"].default
-    return f", e.g. --{flag.name}={example:g}" if example is not None else ""
+def _check_number(flag, value):
+    """A float flag is finite; a learning rate > 0 (nan, inf or 0 only waste a run)."""
+    if value is None:
+        return
+    if not math.isfinite(value):
+        raise ConfigError(f"--{flag.name}={value} is not a finite number: give a number"
+                          + number_hint(flag))
+    if flag.name.endswith("learning_rate") and value <= 0:
+        raise ConfigError(f"--{flag.name}={value:g}: a learning rate must be > 0"
+                          + number_hint(flag))
+
+
+_NUMBERS_CHECKED = set()
 
 
 def _check_numbers():
-    """Every float flag finite; every learning rate > 0 (nan, inf or 0 only waste a run)."""
+    """Registers `_check_number` as the validator of each float flag of the recipe (once)."""
     for flag in _recipe_flags():
-        value = flag.value
-        if not isinstance(flag.parser, flags.FloatParser) or value is None:
-            continue
-        if not math.isfinite(value):
-            raise ConfigError(f"--{flag.name}={value} is not a finite number: give a number"
-                              + _number_hint(flag))
-        if flag.name.endswith("learning_rate") and value <= 0:
-            raise ConfigError(f"--{flag.name}={value:g}: a learning rate must be > 0"
-                              + _number_hint(flag))
+        if isinstance(flag.parser, flags.FloatParser) and flag.name not in _NUMBERS_CHECKED:
+            _NUMBERS_CHECKED.add(flag.name)
+            check_flag(flag.name, lambda value, flag=flag: _check_number(flag, value))
 
 
 # --- The recipe's own flags (absl's left out), for checks and reports.
@@ -171,80 +192,6 @@ def reject_extra_args(argv):
                           "--flag (see --helpshort)")
 
 
-# --- absl's flag errors as one line that names the flag and what to give instead.
-
-_UNKNOWN = re.compile(r"Unknown command line flag '([^']+)'(?:\. Did you mean: (.+?) \?)?$")
-_MISSING = re.compile(r"Missing value for flag (-+[^\s]+)")
-_FLAGFILE = re.compile(r"Unable to open flagfile: (?:\[Errno \d+\] )?([^:]+): '(.*)'")
-_ILLEGAL = re.compile(r"flag --([A-Za-z0-9_.-]+)=(.*?): (.*)$", re.DOTALL)
-_REASONS = ((re.compile(r"invalid literal for int\(\)"), "not an integer"),
-            (re.compile(r"could not convert string to float"), "not a number"),
-            (re.compile(r"Non-boolean argument"), "not true or false"))
-_KINDS = {"IntegerParser": "an integer", "FloatParser": "a number",
-          "BooleanParser": "true or false"}
-
-
-def _shown_value(text):
-    if text.startswith("["):  # a list flag's value as absl prints it
-        try:
-            return ",".join(map(str, ast.literal_eval(text)))
-        except (ValueError, SyntaxError):
-            pass
-    return text
-
-
-def _value_fix(name):
-    """'give an integer >= 1, e.g. --epochs=30' for the flag `name`."""
-    if name not in FLAGS:
-        return "see --helpshort"
-    flag = FLAGS[name]
-    kind = _KINDS.get(type(flag.parser).__name__, "a valid value")
-    bounds = [f"{op} {bound:g}" for op, bound in ((">=", getattr(flag.parser, "lower_bound", None)),
-                                                  ("<=", getattr(flag.parser, "upper_bound", None)))
-              if bound is not None]
-    example = flag.default
-    if isinstance(example, bool):
-        example = str(example).lower()
-    elif isinstance(example, (list, tuple)):
-        example = ",".join(map(str, example)) or None
-    return (f"give {kind}{' ' + ' and '.join(bounds) if bounds else ''}"
-            + (f", e.g. --{name}={example}" if example is not None else ""))
-
-
-def flag_error_message(error):
-    """absl's flag error as one line that names the flag and what to give instead."""
-    text = " ".join(str(error).split())
-    if match := _UNKNOWN.search(text):
-        name, guesses = match.groups()
-        if guesses:
-            return (f"unknown flag --{name}: did you mean --{guesses.split(',')[0].strip()}? "
-                    "(--helpshort lists every flag of this recipe)")
-        return f"unknown flag --{name}: --helpshort lists every flag of this recipe"
-    if match := _MISSING.search(text):
-        return f"flag {match.group(1)} needs a value: write {match.group(1)}=VALUE"
-    if match := _FLAGFILE.search(text):
-        reason, path = match.groups()
-        return (f"cannot open --flagfile={path} ({reason.strip()}): give an existing flag file, "
-                "e.g. one in recipes/presets/")
-    if match := _ILLEGAL.match(text):
-        name, value, reason = match.groups()
-        value = _shown_value(value)
-        if value.startswith("--"):  # `--epochs --model_dir=x`: absl took the next flag as value
-            return (f"flag --{name} needs a value (it took {value!r} as one): write "
-                    f"--{name}=VALUE")
-        if enum := re.match(r"value should be one of <(.*)>$", reason):
-            return f"--{name}={value}: use one of {', '.join(enum.group(1).split('|'))}"
-        if name.endswith("learning_rate") and "non-negative" in reason:
-            return f"--{name}={value}: a learning rate must be > 0{_number_hint(FLAGS[name])}"
-        for pattern, plain in _REASONS:
-            if pattern.search(reason):
-                reason = plain
-        if "use " in reason or "e.g." in reason:
-            return f"--{name}={value}: {reason}"
-        return f"--{name}={value}: {reason}: {_value_fix(name)}"
-    return f"{text}: see --helpshort"
-
-
 def _fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(EXIT_BAD_INPUT)
@@ -253,21 +200,21 @@ def _fail(message):
 def parse_flags(argv):
     """absl's flags_parser for the recipes: every bad flag is one 'error:' line and exit 2.
 
-    Also rejects stray arguments, runs the checks registered with `check_flag`, and rejects
-    nan/inf floats and learning rates <= 0, all before TensorFlow is imported.
+    absl parses and validates (the validators registered with `check_flag`/`check_flags`,
+    finite floats, learning rates > 0); stray arguments are refused too, all before
+    TensorFlow is imported.
     """
+    name_the_flag_in_parse_errors()
+    _check_numbers()
+    _refused.clear()
     try:
-        argv = FLAGS(argv)
-        reject_extra_args(argv)
-        for name, check in _CHECKS:
-            if name in FLAGS:
-                check(FLAGS[name].value)
-        _check_numbers()
-    except flags.Error as e:
-        _fail(flag_error_message(e))
+        args = FLAGS(argv)
+        reject_extra_args(args)
     except TfaccelError as e:
         _fail(str(e))
-    return argv
+    except (flags.Error, ValueError) as e:  # absl raises ValueError for `--noflag=value`
+        _fail(flag_error_message(e, argv, _refused))
+    return args
 
 
 # --- --help, and running a recipe's main.
@@ -320,6 +267,8 @@ def run(main, preflight=None):
             return main(argv)
         except TfaccelError as e:
             _fail(str(e))
+        except flags.IllegalFlagValueError as e:  # a value a recipe set, refused by a validator
+            _fail(flag_error_message(e, sys.argv, _refused))
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             sys.exit(130)

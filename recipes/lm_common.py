@@ -1,19 +1,20 @@
-"""What the language-model recipes share (train_lm.py, generate.py, benchmarks/bench_lm.py).
+"""What the language-model recipes share (train_lm.py, generate.py, bench_lm.py).
 
-From the text and model flags (recipes/shared_flags.py: `define_text_flags`,
-`define_gpt_flags`) to tfaccel calls: the sequence length, checked against the model's
-context before any text is read; the corpus and its vocabulary; the decoder; the training
-and validation windows for `fit` under a strategy; and the compile. Flags are read here and
-in the recipes only.
+Their own flags (`define_flags`: the text and GPT flags defined here, and the shared ones
+of recipes/shared_flags.py), checked while they are parsed (the heads divide the width, the
+windows fit the model's context), and from those flags to tfaccel calls: the corpus and its
+vocabulary; the decoder; the training and validation windows for `fit` under a strategy;
+and the compile. Flags are read here and in the recipes only.
 """
 
 import collections
 import os
 
 import common
-from flagkit import FLAGS
-from shared_flags import _gpt_shape
+from absl import flags
+from flagkit import DATA, FLAGS, MODEL, PERFORMANCE, TRAINING, check_flags
 
+from tfaccel import choices
 from tfaccel.errors import ConfigError
 
 MODEL_DIR_PREFIX = "lm-"  # runs/lm-text-gpt by default
@@ -26,43 +27,106 @@ LMInputs = collections.namedtuple("LMInputs", "train validation steps_per_epoch"
 EPOCHS, STEPS_PER_EPOCH, BATCH_SIZE, LEARNING_RATE = 8, 250, 12, 3e-3
 
 
+def define_text_flags():
+    """--dataset=text, --data_dir, --tokenizer, --sequence_length (tfaccel.data.text)."""
+    flags.DEFINE_enum("dataset", "text", choices.TEXT_DATASETS, "text: the Python standard "
+                      "library's pydoc_data.topics (465k characters), or --data_dir.",
+                      module_name=DATA)
+    flags.DEFINE_string("data_dir", None, "A UTF-8 text file, or a folder of .txt/.md/.rst/.py "
+                        "files (read in sorted order), instead of the default corpus.",
+                        module_name=DATA)
+    flags.DEFINE_enum("tokenizer", "char", choices.TOKENIZERS, "char: the training text's "
+                      "characters (saved with the model); byte: UTF-8 bytes (256, nothing "
+                      "unknown).", module_name=DATA)
+    flags.DEFINE_integer("sequence_length", 0, "Tokens per training window (0: the model's "
+                         "context).", lower_bound=0, module_name=DATA)
+
+
+def define_gpt_flags():
+    """--model (gpt or a .keras file), --gpt_size and its overrides, --recompute."""
+    flags.DEFINE_enum("model", "gpt", ("gpt",), "gpt: the decoder-only Transformer of "
+                      "--gpt_size (recipes/generate.py loads what train_lm.py exports).",
+                      module_name=MODEL)
+    flags.DEFINE_enum("gpt_size", "tiny", tuple(choices.GPT_SIZES), "Named size: "
+                      + "; ".join(f"{k}: {v['layers']} layers, {v['heads']} heads, d_model "
+                                  f"{v['d_model']}, context {v['context']}"
+                                  for k, v in choices.GPT_SIZES.items()) + ".",
+                      module_name=MODEL)
+    for name, what in (("layers", "Transformer blocks"), ("heads", "attention heads"),
+                       ("d_model", "model width"), ("context", "longest sequence (positions)")):
+        flags.DEFINE_integer(f"gpt_{name}", None, f"{what.capitalize()} (default: "
+                             "--gpt_size's).", lower_bound=1, module_name=MODEL)
+    flags.DEFINE_float("gpt_dropout", 0.0, "Dropout in the blocks (0 <= p < 1).",
+                       lower_bound=0.0, upper_bound=0.99, module_name=MODEL)
+    flags.DEFINE_bool("tie_embeddings", False, "Share the token embedding with the output "
+                      "layer (fewer parameters).", module_name=MODEL)
+    flags.DEFINE_bool("recompute", False, "Recompute each block's activations in the backward "
+                      "pass (tf.recompute_grad): activation memory of one block, not all, for "
+                      "about one more forward pass of compute.", module_name=PERFORMANCE)
+
+
 def define_flags():
     """Every flag the language-model recipe and its benchmark share, with their defaults."""
-    from absl import flags
-
-    common.define_text_flags()
-    common.define_gpt_flags()
+    define_text_flags()
+    define_gpt_flags()
     common.define_train_flags(epochs=EPOCHS, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE,
                               optimizer="adamw")
     flags.DEFINE_integer("steps_per_epoch", STEPS_PER_EPOCH, "Optimizer steps per epoch "
                          "(validation, a sample and a backup chance at each epoch's end).",
-                         lower_bound=1, module_name=common.flagkit.TRAINING)
+                         lower_bound=1, module_name=TRAINING)
     common.define_optimizer_flags(beta2=0.99, clip_norm=1.0)
     common.define_distribute_flags()
     common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
     common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
     common.define_performance_flags(batch_search=False)
     flags.DEFINE_string("prompt", "The ", "Text the per-epoch samples (and metrics.json's) "
-                        "start from.", module_name=common.flagkit.TRAINING)
+                        "start from.", module_name=TRAINING)
     flags.DEFINE_integer("sample_tokens", 200, "Tokens of each per-epoch sample (0: none).",
-                         lower_bound=0, module_name=common.flagkit.TRAINING)
+                         lower_bound=0, module_name=TRAINING)
+    check_flags(("gpt_size", "gpt_layers", "gpt_heads", "gpt_d_model", "gpt_context",
+                 "sequence_length"), _check_shape)
 
 
-def model_context():
-    """The context (longest sequence) of the model the flags ask for, known before any
-    TensorFlow: --gpt_context or --gpt_size's."""
-    return _gpt_shape()[3]
+def gpt_shape(gpt_size, gpt_layers=None, gpt_heads=None, gpt_d_model=None, gpt_context=None):
+    """(layers, heads, d_model, context) of --gpt_size with the --gpt_* overrides given."""
+    size = choices.GPT_SIZES[gpt_size]
+    return (gpt_layers or size["layers"], gpt_heads or size["heads"],
+            gpt_d_model or size["d_model"], gpt_context or size["context"])
 
 
-def sequence_length():
-    """--sequence_length, or the model's context when 0; a longer one is refused now."""
-    context = model_context()
-    length = FLAGS.sequence_length or context
+def _window(length, context):
+    """--sequence_length, or the model's context when 0; a longer one is refused."""
+    length = length or context
     if length > context:
         raise ConfigError(f"--sequence_length={length} is larger than the model's context "
                           f"{context}: pass --sequence_length<={context}, or "
                           f"--gpt_context>={length}")
     return length
+
+
+def _check_shape(sequence_length, **gpt):
+    _, heads, d_model, context = gpt_shape(**gpt)
+    if d_model % heads:
+        divisor = max(h for h in range(1, min(heads, d_model) + 1) if d_model % h == 0)
+        raise ConfigError(f"--gpt_heads={heads} does not divide --gpt_d_model={d_model}: pick "
+                          f"heads that divide it (e.g. {divisor}) or another d_model")
+    _window(sequence_length, context)
+
+
+def _flags_gpt_shape():
+    return gpt_shape(FLAGS.gpt_size, FLAGS.gpt_layers, FLAGS.gpt_heads, FLAGS.gpt_d_model,
+                     FLAGS.gpt_context)
+
+
+def model_context():
+    """The context (longest sequence) of the model the flags ask for, known before any
+    TensorFlow: --gpt_context or --gpt_size's."""
+    return _flags_gpt_shape()[3]
+
+
+def sequence_length():
+    """--sequence_length, or the model's context when 0 (checked when the flags were parsed)."""
+    return _window(FLAGS.sequence_length, model_context())
 
 
 def load_text(length):
@@ -76,7 +140,7 @@ def gpt_config(vocab_size):
     """The `tfaccel.train.gpt.GPTConfig` of the --gpt_* flags for a `vocab_size` vocabulary."""
     from tfaccel.train import gpt
 
-    layers, heads, d_model, context = _gpt_shape()
+    layers, heads, d_model, context = _flags_gpt_shape()
     return gpt.gpt_config(FLAGS.gpt_size, vocab_size=vocab_size, layers=layers, heads=heads,
                           d_model=d_model, context=context, dropout=FLAGS.gpt_dropout,
                           tie_embeddings=FLAGS.tie_embeddings)
@@ -188,7 +252,6 @@ def tflite_rows(model, tokens, length, model_dir, unit):
 
 
 def run(main):
-    """Runs a language-model recipe: flags checked, then the sequence length against the
-    context and the output folders, all before TensorFlow is imported."""
-    common.flagkit.run(main, preflight=lambda: (sequence_length(),
-                                                common.check_output_dirs(MODEL_DIR_PREFIX)))
+    """Runs a language-model recipe (`common.run`): flags parsed and checked, then the output
+    folders, all before TensorFlow is imported."""
+    common.run(main, MODEL_DIR_PREFIX)

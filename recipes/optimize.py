@@ -89,6 +89,7 @@ def _check_variants(values):
 
 common.check_flag("variants", _check_variants)
 flags.DEFINE_float("sparsity", 0.8, "pruned_qat_int8: share of zeros in the pruned layers.")
+common.check_flag("sparsity", lambda value: common.choices.check_sparsity(value, "--sparsity"))
 flags.DEFINE_integer("prune_epochs", 8, "pruned_qat_int8: epochs of pruning (ramp to --sparsity).",
                      lower_bound=1)
 flags.DEFINE_integer("prune_hold_epochs", 4, "pruned_qat_int8 with block pruning: epochs of the "

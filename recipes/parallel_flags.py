@@ -4,11 +4,11 @@ The stages run in one process on its devices (the visible GPUs, or --cpu_devices
 CPUs), so a split run uses TensorFlow's default strategy; the combinations that would
 need more (pipeline inside a data-parallel strategy, per-step accumulation on top of the
 micro-batches, XLA compiling the whole step for one device, timed trials) are refused
-here, each with one line, before TensorFlow loads.
+while the flags are parsed (an absl validator), each with one line, before TensorFlow loads.
 """
 
 from absl import flags
-from flagkit import DISTRIBUTION, FLAGS, check_choice
+from flagkit import DISTRIBUTION, FLAGS, check_flags
 
 from tfaccel.choices import PARALLEL_MODES, STAGE_BALANCES
 from tfaccel.errors import ConfigError
@@ -17,21 +17,19 @@ from tfaccel.errors import ConfigError
 def define_parallel_flags(recompute=True):
     """--parallel, --stages, --stage_boundaries, --stage_balance, --micro_batches (and
     --recompute when `recompute`: a recipe that has its own leaves it out)."""
-    flags.DEFINE_string("parallel", "none", "none; model: the model's layers split into "
-                        "--stages consecutive stages, one per device (GPUs, or --cpu_devices "
-                        "logical CPUs); pipeline: the same stages fed --micro_batches per step "
-                        "(GPipe), gradients summed and applied once.", module_name=DISTRIBUTION)
-    check_choice("parallel", "parallelism", PARALLEL_MODES)
+    flags.DEFINE_enum("parallel", "none", PARALLEL_MODES, "none; model: the model's layers split "
+                      "into --stages consecutive stages, one per device (GPUs, or --cpu_devices "
+                      "logical CPUs); pipeline: the same stages fed --micro_batches per step "
+                      "(GPipe), gradients summed and applied once.", module_name=DISTRIBUTION)
     flags.DEFINE_integer("stages", None, "--parallel: number of stages, balanced by "
                          "--stage_balance (default: one per device).", lower_bound=1,
                          module_name=DISTRIBUTION)
     flags.DEFINE_list("stage_boundaries", [], "--parallel: layer names, in order, each the "
                       "first layer of a new stage (instead of --stages).",
                       module_name=DISTRIBUTION)
-    flags.DEFINE_string("stage_balance", "parameters", "--stages: balance the stages by "
-                        "'parameters' or by the memory planner's estimate ('memory').",
-                        module_name=DISTRIBUTION)
-    check_choice("stage_balance", "stage balance", STAGE_BALANCES)
+    flags.DEFINE_enum("stage_balance", "parameters", STAGE_BALANCES, "--stages: balance the "
+                      "stages by 'parameters' or by the memory planner's estimate ('memory').",
+                      module_name=DISTRIBUTION)
     flags.DEFINE_integer("micro_batches", 1, "--parallel=pipeline: micro-batches per step "
                          "(must divide --batch_size); the idle bubble is (K-1)/(M+K-1).",
                          lower_bound=1, module_name=DISTRIBUTION)
@@ -39,47 +37,52 @@ def define_parallel_flags(recompute=True):
         flags.DEFINE_bool("recompute", False, "--parallel: recompute each stage's activations "
                           "in the backward pass (tf.recompute_grad): memory for compute.",
                           module_name=DISTRIBUTION)
+    check_flags(("parallel", "stages", "stage_boundaries", "micro_batches", "strategy",
+                 "batch_size", "grad_accum_steps", "jit_compile", "precision"),
+                _check_parallel_flags)
 
 
-def check_parallel_flags():
-    """Raises ConfigError for a combination the split run does not support; under --parallel
-    the strategy becomes TensorFlow's default (the stages are the devices' use)."""
-    mode = FLAGS.parallel
-    if mode == "none":
-        extra = [f"--{name}" for name, off in (("stages", None), ("stage_boundaries", []),
-                                                 ("micro_batches", 1))
-                 if FLAGS[name].value != off]
+def _check_parallel_flags(parallel, stages, stage_boundaries, micro_batches, strategy,
+                          batch_size, grad_accum_steps=1, jit_compile="false",
+                          precision="float32"):
+    """Raises ConfigError for a combination the split run does not support."""
+    if parallel == "none":
+        extra = [f"--{name}" for name, value, off in (
+            ("stages", stages, None), ("stage_boundaries", stage_boundaries, []),
+            ("micro_batches", micro_batches, 1)) if value != off]
         if extra:
             raise ConfigError(f"{', '.join(extra)} apply to --parallel=model|pipeline: add "
                               "--parallel=pipeline (or model), or drop them")
         return
-    refused = [(FLAGS.strategy not in ("auto", "default"), f"--strategy={FLAGS.strategy}",
+    refused = [(strategy not in ("auto", "default"), f"--strategy={strategy}",
                 "the stages use the devices one process sees: drop --strategy"),
-               ("grad_accum_steps" in FLAGS and FLAGS.grad_accum_steps > 1,
-                f"--grad_accum_steps={FLAGS['grad_accum_steps'].value}",
+               (grad_accum_steps > 1, f"--grad_accum_steps={grad_accum_steps}",
                 "the pipeline already sums the gradients of --micro_batches: use those"),
-               ("jit_compile" in FLAGS and FLAGS.jit_compile.lower() not in ("false", "0"),
-                f"--jit_compile={FLAGS['jit_compile'].value}",
+               (jit_compile != "false", f"--jit_compile={jit_compile}",
                 "XLA would compile the whole step for one device: use --jit_compile=false"),
-               ("precision" in FLAGS and FLAGS.precision == "auto", "--precision=auto",
+               (precision == "auto", "--precision=auto",
                 "the timed trials run the unsplit model: pick the precision"),
-               (FLAGS.batch_size == "auto", "--batch_size=auto",
+               (batch_size == "auto", "--batch_size=auto",
                 "the search runs the unsplit model: give --batch_size"),
-               (mode == "model" and FLAGS.micro_batches > 1,
-                f"--micro_batches={FLAGS.micro_batches}",
+               (parallel == "model" and micro_batches > 1, f"--micro_batches={micro_batches}",
                 "--parallel=model runs whole batches: use --parallel=pipeline")]
     for bad, what, why in refused:
         if bad:
-            raise ConfigError(f"{what} with --parallel={mode} is not supported: {why}")
-    if FLAGS.batch_size % FLAGS.micro_batches:
-        raise ConfigError(f"--micro_batches={FLAGS.micro_batches} does not divide --batch_size="
-                          f"{FLAGS.batch_size}: use a divisor of the batch (or another batch)")
-    if FLAGS.stages and FLAGS.stage_boundaries and \
-            FLAGS.stages != len(FLAGS.stage_boundaries) + 1:
-        raise ConfigError(f"--stage_boundaries names {len(FLAGS.stage_boundaries)} boundaries "
-                          f"({len(FLAGS.stage_boundaries) + 1} stages) but --stages="
-                          f"{FLAGS.stages}: give one or the other")
-    FLAGS.strategy = "default"
+            raise ConfigError(f"{what} with --parallel={parallel} is not supported: {why}")
+    if batch_size % micro_batches:
+        raise ConfigError(f"--micro_batches={micro_batches} does not divide --batch_size="
+                          f"{batch_size}: use a divisor of the batch (or another batch)")
+    if stages and stage_boundaries and stages != len(stage_boundaries) + 1:
+        raise ConfigError(f"--stage_boundaries names {len(stage_boundaries)} boundaries "
+                          f"({len(stage_boundaries) + 1} stages) but --stages={stages}: give "
+                          "one or the other")
+
+
+def use_default_strategy():
+    """Under --parallel the strategy becomes TensorFlow's default: the stages are the
+    devices' use (the flags were checked when parsed)."""
+    if FLAGS.parallel != "none":
+        FLAGS.strategy = "default"
 
 
 def staged_model(model, recompute=None):

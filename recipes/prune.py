@@ -44,15 +44,14 @@ common.define_backup_flags()
 common.define_pipeline_flags()
 # The report compares accuracies a few points apart: a rerun reproduces them exactly.
 FLAGS.set_default("deterministic", True)
-flags.DEFINE_string("precision", "float32", "float32, mixed_float16 or mixed_bfloat16.")
-common.check_choice("precision", "precision", common.choices.PRECISIONS)
+flags.DEFINE_enum("precision", "float32", common.choices.PRECISIONS, "Mixed precision policy.")
 flags.DEFINE_float("sparsity", 0.8, "Target share of zero weights in the pruned layers, in [0, 1).")
 flags.DEFINE_integer("prune_epochs", 20, "Epochs of fine-tuning while pruning.", lower_bound=1)
 flags.DEFINE_float("prune_learning_rate", None, "Learning rate while pruning "
                    "(default: --learning_rate; a tenth of it recovered less accuracy here).",
                    lower_bound=0.0)
-flags.DEFINE_string("pruning_schedule", "polynomial", "polynomial (ramp up) or constant.")
-common.check_choice("pruning_schedule", "pruning schedule", common.choices.PRUNING_SCHEDULES)
+flags.DEFINE_enum("pruning_schedule", "polynomial", common.choices.PRUNING_SCHEDULES,
+                  "polynomial (ramp up) or constant.")
 flags.DEFINE_float("begin_epoch", 0.0, "Fine-tuning epoch where pruning starts.")
 flags.DEFINE_float("end_epoch", None, "Epoch where the ramp reaches --sparsity "
                    "(default: two thirds of --prune_epochs).")
@@ -66,11 +65,9 @@ common.require_ints("m_by_n", "m,n: integers with 0 < m < n (at least m zeros in
 flags.DEFINE_list("block_size", ["1", "1"], "rows,cols of weight blocks pruned together (2-D "
                   "kernels; convolutions are pruned element-wise).")
 common.require_ints("block_size", "rows,cols: two positive integers", count=2)
-flags.DEFINE_string("block_pooling", "AVG", "AVG or MAX: a block's magnitude.")
-common.check_choice("block_pooling", "block pooling", common.choices.BLOCK_POOLINGS)
-flags.DEFINE_string("pruning_policy", None, "xnnpack: prune only 1x1 convolutions XNNPACK runs "
-                    "sparse.")
-common.check_choice("pruning_policy", "pruning policy", common.choices.PRUNING_POLICIES)
+flags.DEFINE_enum("block_pooling", "AVG", common.choices.BLOCK_POOLINGS, "A block's magnitude.")
+flags.DEFINE_enum("pruning_policy", None, common.choices.PRUNING_POLICIES, "xnnpack: prune only "
+                  "1x1 convolutions XNNPACK runs sparse.")
 flags.DEFINE_list("include_layers", [], "Layer names or classes to prune (default: automatic).")
 flags.DEFINE_list("exclude_layers", [], "Layer names or classes never to prune.")
 flags.DEFINE_integer("min_weights", 2048, "Leave layers with fewer weights dense.", lower_bound=0)
@@ -78,6 +75,23 @@ flags.DEFINE_bool("prune_first_conv", False, "Also prune the first convolution."
 flags.DEFINE_bool("retrain_baseline", False, "Train the zoo baseline again even if this "
                   "--model_dir holds one trained with the same flags.")
 flags.DEFINE_bool("tflite", True, "Also convert both models to TFLite and measure them.")
+
+
+def _check_pruning(sparsity, m_by_n, block_size, block_pooling, pruning_policy, prune_epochs,
+                   begin_epoch, end_epoch, pruning_frequency):
+    """The rules `make_pruning_schedule` and `plan_pruning` apply to the pruning flags (m_by_n
+    and block_size are integers: checked by their own validators, which run first)."""
+    if not m_by_n:  # --m_by_n overrides --sparsity
+        common.choices.check_sparsity(sparsity, "--sparsity")
+    common.choices.check_prune_pattern(common.int_list(m_by_n) if m_by_n else None,
+                                       common.int_list(block_size), block_pooling,
+                                       pruning_policy)
+    common.choices.check_pruning_epochs(prune_epochs, begin_epoch, end_epoch, pruning_frequency)
+
+
+common.check_flags(("sparsity", "m_by_n", "block_size", "block_pooling", "pruning_policy",
+                    "prune_epochs", "begin_epoch", "end_epoch", "pruning_frequency"),
+                   _check_pruning)
 
 BASELINE_KEYS = ("dataset", "model", "model_fn", "epochs", "batch_size", "optimizer",
                  "learning_rate", "scale_lr", "seed", "precision", "shuffle_buffer",
@@ -114,7 +128,7 @@ def main(argv):
     from tfaccel.train import precision, resume, training
     from tfaccel.train.models import is_model_path, load_model_file
 
-    # --- Inputs: everything that can be wrong is checked before anything is written.
+    # --- Inputs: the flags were checked when parsed; what depends on the data, here.
     config = prune_config()
     target = config.m_by_n[0] / config.m_by_n[1] if config.m_by_n else \
         pruning_plan.check_sparsity(FLAGS.sparsity, "--sparsity")

@@ -1,28 +1,30 @@
 """The flags the recipes share, defined by group (each group is a section of --help).
 
 A recipe calls the `define_*` functions of the groups it reads, and only those: every
-flag a recipe accepts is one it acts on. The checks registered here run while the flags
-are parsed (recipes/flagkit.py), before TensorFlow loads. recipes/common.py re-exports
-these functions and turns the flags into tfaccel calls.
+flag a recipe accepts is one it acts on. absl checks each value while the flags are parsed
+(recipes/flagkit.py), before TensorFlow loads: the bounds and choices given here, and the
+validators registered here, which call the checks the tfaccel helpers run themselves
+(`tfaccel.choices`, `parse_backup_freq`, `parse_device_memory`), so that each rule has one
+home. recipes/common.py re-exports these functions and turns the flags into tfaccel calls.
 """
 
 from absl import flags
 from flagkit import (
     DATA,
     DISTRIBUTION,
-    FLAGS,
     MODEL,
     PERFORMANCE,
     PIPELINE,
     SCHEDULE,
     TRAINING,
     BatchSizeParser,
-    check_choice,
     check_flag,
+    check_flags,
     check_in,
     recipe_path,
     require_ints,
 )
+from tfaccel.train.backup_timing import parse_backup_freq
 
 from tfaccel import choices
 from tfaccel.errors import ConfigError
@@ -114,14 +116,13 @@ def define_distribute_flags():
     flags.DEFINE_integer("cpu_devices", None, "Split the CPU into N logical devices (stand-ins "
                          "for GPUs, so that mirrored training runs without them).",
                          module_name=DISTRIBUTION)
+    check_flag("cpu_devices", lambda n: n is None or choices.check_cpu_devices(n))
     flags.DEFINE_bool("scale_lr", False, "Multiply every learning rate by the number of replicas "
                       "(linear scaling rule).", module_name=DISTRIBUTION)
-    flags.DEFINE_string("cross_device_ops", "auto", f"Reduction of --strategy=mirrored: "
-                        f"{', '.join(choices.CROSS_DEVICE_OPS)}.", module_name=DISTRIBUTION)
-    check_choice("cross_device_ops", "cross-device ops", choices.CROSS_DEVICE_OPS)
-    flags.DEFINE_string("collective", "auto", f"All-reduce of --strategy=multi_worker: "
-                        f"{', '.join(choices.COLLECTIVES)}.", module_name=DISTRIBUTION)
-    check_choice("collective", "collective", choices.COLLECTIVES)
+    flags.DEFINE_enum("cross_device_ops", "auto", choices.CROSS_DEVICE_OPS, "Reduction of "
+                      "--strategy=mirrored.", module_name=DISTRIBUTION)
+    flags.DEFINE_enum("collective", "auto", choices.COLLECTIVES, "All-reduce of "
+                      "--strategy=multi_worker.", module_name=DISTRIBUTION)
 
 
 # The train recipe's --backup_freq: a backup (tens of ms for a small model) at most once a
@@ -138,12 +139,13 @@ def define_backup_flags(default_freq="epoch"):
                         "at the first epoch end N seconds after the last backup ('60s'; every "
                         "epoch under several workers); the last epoch is always backed up.",
                         module_name=DISTRIBUTION)
+    check_flag("backup_freq", parse_backup_freq)
 
 
-def _check_ram_budget(value):
-    if value and not FLAGS.data_autotune:
-        raise ConfigError(f"--data_ram_budget_mb={value:g} is tf.data autotune's RAM budget: add "
-                          "--data_autotune, or drop it")
+def _check_ram_budget(data_ram_budget_mb, data_autotune):
+    if data_ram_budget_mb and not data_autotune:
+        raise ConfigError(f"--data_ram_budget_mb={data_ram_budget_mb:g} is tf.data autotune's RAM "
+                          "budget: add --data_autotune, or drop it")
 
 
 def define_pipeline_flags():
@@ -152,6 +154,7 @@ def define_pipeline_flags():
     flags.DEFINE_string("cache", "auto", "Cache decoded examples: auto (in memory when they fit "
                         "2 GB), memory, none, or a file path prefix in an existing folder.",
                         module_name=PIPELINE)
+    check_flag("cache", choices.check_cache)
     flags.DEFINE_integer("shuffle_buffer", 0, "Shuffle buffer in examples (0: sized to 256 MB "
                          "and at most the dataset).", lower_bound=0, module_name=PIPELINE)
     flags.DEFINE_bool("random_flip", False, "Random left-right flips in training.",
@@ -165,14 +168,13 @@ def define_pipeline_flags():
                       "stall).", module_name=PIPELINE)
     flags.DEFINE_float("data_ram_budget_mb", 0.0, "tf.data autotune's RAM budget in MB (0: TF's "
                        "default); needs --data_autotune.", lower_bound=0.0, module_name=PIPELINE)
-    check_flag("data_ram_budget_mb", _check_ram_budget)
+    check_flags(("data_ram_budget_mb", "data_autotune"), _check_ram_budget)
 
 
 def define_schedule_flags(schedule="constant", warmup_epochs=0.0, min_lr_ratio=0.0):
     """--lr_schedule, --warmup_epochs, --decay_epochs, --decay_rate, --min_lr_ratio, piecewise."""
-    flags.DEFINE_string("lr_schedule", schedule, "Learning-rate schedule: "
-                        f"{', '.join(choices.SCHEDULES)}.", module_name=SCHEDULE)
-    check_choice("lr_schedule", "learning-rate schedule", choices.SCHEDULES)
+    flags.DEFINE_enum("lr_schedule", schedule, choices.SCHEDULES, "Learning-rate schedule.",
+                      module_name=SCHEDULE)
     flags.DEFINE_float("warmup_epochs", warmup_epochs, "Linear warmup from 0 to --learning_rate "
                        "(epochs).", module_name=SCHEDULE)
     flags.DEFINE_float("decay_epochs", None, "step: epochs between decays; exponential, "
@@ -188,6 +190,27 @@ def define_schedule_flags(schedule="constant", warmup_epochs=0.0, min_lr_ratio=0
                       "changes.", module_name=SCHEDULE)
     flags.DEFINE_list("lr_multipliers", [], "piecewise: --learning_rate multipliers, one more "
                       "than --lr_boundaries.", module_name=SCHEDULE)
+    check_flags(("lr_schedule", "epochs", "warmup_epochs", "decay_epochs", "lr_boundaries",
+                 "lr_multipliers"), _check_schedule)
+
+
+def float_list(values, name):
+    """The numbers of list flag --name (a ConfigError if one is not)."""
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        raise ConfigError(f"--{name}={','.join(values)} must be comma-separated numbers"
+                          ) from None
+
+
+def _check_schedule(lr_schedule, warmup_epochs, decay_epochs, lr_boundaries, lr_multipliers,
+                    epochs=None):
+    """`make_schedule`'s rules on the schedule flags (a recipe without --epochs: no warmup
+    limit)."""
+    choices.check_schedule(lr_schedule, float("inf") if epochs is None else epochs,
+                           warmup_epochs, decay_epochs,
+                           float_list(lr_boundaries, "lr_boundaries"),
+                           float_list(lr_multipliers, "lr_multipliers"))
 
 
 def define_host_allocator_flag():
@@ -204,6 +227,24 @@ def _check_auto_budget(value):
                           "> 0, or 0 for the default (10% of one epoch or 60 s)")
 
 
+# --batch_size=auto tries powers of two from this many examples (rounded up to a multiple of
+# the replicas) up to --max_batch_size.
+AUTO_BATCH_START = 16
+
+
+def _check_accumulation(grad_accum_steps, batch_size):
+    # Here on one replica; once the strategy is known, the recipe checks its replicas too.
+    choices.check_accumulation_steps(grad_accum_steps,
+                                     None if batch_size == "auto" else batch_size)
+
+
+def _check_search_range(batch_size, max_batch_size):
+    if batch_size == "auto" and max_batch_size < AUTO_BATCH_START:
+        raise ConfigError(f"--max_batch_size={max_batch_size} is below the smallest size "
+                          f"--batch_size=auto tries ({AUTO_BATCH_START}): give "
+                          f"--max_batch_size>={AUTO_BATCH_START}, or a --batch_size")
+
+
 def _check_device_memory(value):
     if value is not None:
         from tfaccel.performance import plan
@@ -214,28 +255,31 @@ def _check_device_memory(value):
 def define_performance_flags(batch_search=True):
     """--precision, --jit_compile, --grad_accum_steps, memory flags, the batch-size search's
     (unless not `batch_search`), monitor."""
-    flags.DEFINE_string("precision", "float32", f"{', '.join(choices.PRECISIONS)}, or auto: "
-                        "time each on the actual model and data and keep the fastest (never "
-                        "slower than float32).", module_name=PERFORMANCE)
-    check_choice("precision", "precision", (*choices.PRECISIONS, "auto"))
-    flags.DEFINE_string("jit_compile", "false", f"XLA: {', '.join(choices.JIT_CHOICES)} (auto: "
-                        "measured like --precision=auto).", module_name=PERFORMANCE)
-    check_choice("jit_compile", "jit_compile", choices.JIT_CHOICES, lower=True)
+    flags.DEFINE_enum("precision", "float32", (*choices.PRECISIONS, "auto"), "auto: time each "
+                      "on the actual model and data and keep the fastest (never slower than "
+                      "float32).", module_name=PERFORMANCE)
+    flags.DEFINE_enum("jit_compile", "false", choices.JIT_CHOICES, "XLA (auto: measured like "
+                      "--precision=auto); any case.", case_sensitive=False,
+                      module_name=PERFORMANCE)
     flags.DEFINE_integer("grad_accum_steps", 1, "Split each --batch_size batch into N "
                          "micro-batches and accumulate their gradients into one update (memory "
                          "of batch/N).", module_name=PERFORMANCE)
+    check_flags(("grad_accum_steps", "batch_size"), _check_accumulation)
     flags.DEFINE_bool("memory_growth", False, "Allocate GPU memory on demand instead of all up "
                       "front.", module_name=PERFORMANCE)
     flags.DEFINE_integer("gpu_memory_limit", None, "Cap each GPU at this many MB.",
                          module_name=PERFORMANCE)
-    flags.DEFINE_string("gpu_allocator", "default", "GPU allocator: "
-                        f"{', '.join(choices.ALLOCATORS)} (cuda_malloc_async: CUDA's "
-                        "stream-ordered memory pool).", module_name=PERFORMANCE)
-    check_choice("gpu_allocator", "GPU allocator", choices.ALLOCATORS)
+    flags.DEFINE_enum("gpu_allocator", "default", choices.ALLOCATORS, "GPU allocator "
+                      "(cuda_malloc_async: CUDA's stream-ordered memory pool).",
+                      module_name=PERFORMANCE)
+    check_flags(("memory_growth", "gpu_memory_limit", "gpu_allocator"),
+                lambda memory_growth, gpu_memory_limit, gpu_allocator: choices.check_gpu_memory(
+                    memory_growth, gpu_memory_limit, gpu_allocator))
     define_host_allocator_flag()
     if batch_search:
         flags.DEFINE_integer("max_batch_size", 1024, "--batch_size=auto: largest size to try.",
                              module_name=PERFORMANCE)
+        check_flags(("batch_size", "max_batch_size"), _check_search_range)
         flags.DEFINE_float("memory_budget_mb", None, "--batch_size=auto on CPU: reject sizes "
                            "whose peak RSS exceeds this (default: current RSS + half the available "
                            "memory).", module_name=PERFORMANCE)
@@ -254,41 +298,11 @@ def define_performance_flags(batch_search=True):
                         "else the host's available RAM.", module_name=PERFORMANCE)
     check_flag("device_memory", _check_device_memory)
     flags.DEFINE_integer("monitor_every_n_steps", 50, "Log GPU (NVML) or CPU utilization and "
-                         "memory every N steps to TensorBoard; 0: off.", module_name=PERFORMANCE)
+                         "memory every N steps to TensorBoard; 0: off.", lower_bound=0,
+                         module_name=PERFORMANCE)
 
 
-# --- The language-model recipes (train_lm, generate, bench_lm).
-
-def define_text_flags():
-    """--dataset=text, --data_dir, --tokenizer, --sequence_length (tfaccel.data.text)."""
-    flags.DEFINE_enum("dataset", "text", choices.TEXT_DATASETS, "text: the Python standard "
-                      "library's pydoc_data.topics (465k characters), or --data_dir.",
-                      module_name=DATA)
-    flags.DEFINE_string("data_dir", None, "A UTF-8 text file, or a folder of .txt/.md/.rst/.py "
-                        "files (read in sorted order), instead of the default corpus.",
-                        module_name=DATA)
-    flags.DEFINE_enum("tokenizer", "char", choices.TOKENIZERS, "char: the training text's "
-                      "characters (saved with the model); byte: UTF-8 bytes (256, nothing "
-                      "unknown).", module_name=DATA)
-    flags.DEFINE_integer("sequence_length", 0, "Tokens per training window (0: the model's "
-                         "context).", lower_bound=0, module_name=DATA)
-
-
-def _gpt_shape():
-    """(layers, heads, d_model, context) the --gpt_* flags ask for."""
-    size = choices.GPT_SIZES[FLAGS.gpt_size]
-    return (FLAGS.gpt_layers or size["layers"], FLAGS.gpt_heads or size["heads"],
-            FLAGS.gpt_d_model or size["d_model"], FLAGS.gpt_context or size["context"])
-
-
-def _check_gpt_heads(value):
-    del value
-    _, heads, d_model, _ = _gpt_shape()
-    if d_model % heads:
-        divisor = max(h for h in range(1, min(heads, d_model) + 1) if d_model % h == 0)
-        raise ConfigError(f"--gpt_heads={heads} does not divide --gpt_d_model={d_model}: pick "
-                          f"heads that divide it (e.g. {divisor}) or another d_model")
-
+# --- Optimizer settings beyond the learning rate (the language-model recipes).
 
 def define_optimizer_flags(beta2=0.999, clip_norm=0.0, weight_decay=1e-4, ema=0.0):
     """--adam_beta2, --clip_norm, --weight_decay, --ema (`training.make_optimizer`)."""
@@ -301,27 +315,3 @@ def define_optimizer_flags(beta2=0.999, clip_norm=0.0, weight_decay=1e-4, ema=0.
     flags.DEFINE_float("ema", ema, "Keep an exponential moving average of the weights with "
                        "this momentum (e.g. 0.99) and end training with it (0: off).",
                        lower_bound=0.0, upper_bound=0.9999, module_name=TRAINING)
-
-
-def define_gpt_flags():
-    """--model (gpt or a .keras file), --gpt_size and its overrides, --recompute."""
-    flags.DEFINE_enum("model", "gpt", ("gpt",), "gpt: the decoder-only Transformer of "
-                      "--gpt_size (recipes/generate.py loads what train_lm.py exports).",
-                      module_name=MODEL)
-    flags.DEFINE_enum("gpt_size", "tiny", tuple(choices.GPT_SIZES), "Named size: "
-                      + "; ".join(f"{k}: {v['layers']} layers, {v['heads']} heads, d_model "
-                                  f"{v['d_model']}, context {v['context']}"
-                                  for k, v in choices.GPT_SIZES.items()) + ".",
-                      module_name=MODEL)
-    for name, what in (("layers", "Transformer blocks"), ("heads", "attention heads"),
-                       ("d_model", "model width"), ("context", "longest sequence (positions)")):
-        flags.DEFINE_integer(f"gpt_{name}", None, f"{what.capitalize()} (default: "
-                             "--gpt_size's).", lower_bound=1, module_name=MODEL)
-    check_flag("gpt_heads", _check_gpt_heads)
-    flags.DEFINE_float("gpt_dropout", 0.0, "Dropout in the blocks (0 <= p < 1).",
-                       lower_bound=0.0, upper_bound=0.99, module_name=MODEL)
-    flags.DEFINE_bool("tie_embeddings", False, "Share the token embedding with the output "
-                      "layer (fewer parameters).", module_name=MODEL)
-    flags.DEFINE_bool("recompute", False, "Recompute each block's activations in the backward "
-                      "pass (tf.recompute_grad): activation memory of one block, not all, for "
-                      "about one more forward pass of compute.", module_name=PERFORMANCE)

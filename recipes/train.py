@@ -44,6 +44,10 @@ flags.DEFINE_bool("diagnose_input", False, "Before training, measure the input p
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run "
                   "(metrics.json and the exports); without it such a rerun only says so. A backup "
                   "of an unfinished run is still resumed.")
+# A Keras 3 run's flags are checked with the others when --keras=keras3 says so (a model
+# file's Keras is known once it loads: checked then).
+common.check_flags(("keras", "parallel", "strategy"),
+                   lambda keras, **_: keras == "keras3" and common.check_keras3_flags())
 
 
 def _plan_says_no(model, micro_batch, policy, replicas):
@@ -56,20 +60,17 @@ def _plan_says_no(model, micro_batch, policy, replicas):
 
 def main(argv):
     common.reject_extra_args(argv)
-    parallel_flags.check_parallel_flags()  # --parallel: the default strategy, its limits
+    parallel_flags.use_default_strategy()  # --parallel: the stages use the devices
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import flavour_of, keras
     from tfaccel.performance import accumulate, diagnose, plan, trials
     from tfaccel.train import precision, resume, training
 
-    # --- Inputs: everything that can be wrong is checked before anything is written.
+    # --- Inputs: the flags were checked when parsed; what depends on the devices, here.
     backup_freq = resume.parse_backup_freq(FLAGS.backup_freq)
     precision_name = precision.check_precision(FLAGS.precision, allow_auto=True)
     jit_compile = precision.parse_jit_compile(FLAGS.jit_compile)
-    accumulate.check_accumulation_steps(FLAGS.grad_accum_steps)
-    if FLAGS.keras == "keras3":
-        common.check_keras3_flags()  # before a multi-worker strategy waits for its peers
     # Devices first (allocator, CPU split, GPU memory: fixed once TensorFlow initializes them).
     strategy = common.strategy_from_flags()
     keras.utils.set_random_seed(FLAGS.seed)
@@ -83,8 +84,7 @@ def main(argv):
         per_replica_batch = distribute.per_replica_batch_size(FLAGS.batch_size, replicas)
         accumulate.check_accumulation_steps(FLAGS.grad_accum_steps, FLAGS.batch_size, replicas)
     learning_rate = common.scaled_learning_rate(FLAGS.learning_rate, strategy)
-    common.pipeline_config(1)  # input and schedule flags checked now, not after the data loads
-    common.lr_schedule(learning_rate, steps_per_epoch=1)
+    common.lr_schedule(learning_rate, steps_per_epoch=1)  # e.g. piecewise steps, before the data
     # A finished run (metrics.json, written last, and the exports) is not trained again unless
     # --retrain.
     backup_dir = FLAGS.backup_dir or os.path.join(common.default_model_dir(), "backup")
@@ -116,7 +116,8 @@ def main(argv):
                     splits.train, common.pipeline_config(size, drop_remainder=True),
                     training=True, info=splits.info, seed=FLAGS.seed),
                 compile_fn=lambda m: common.compile_from_flags(m, learning_rate, policy),
-                start=replicas * -(-16 // replicas), max_batch_size=FLAGS.max_batch_size,
+                start=replicas * -(-common.AUTO_BATCH_START // replicas),
+                max_batch_size=FLAGS.max_batch_size,
                 memory_budget_mb=FLAGS.memory_budget_mb or "default",
                 budget_seconds=FLAGS.auto_budget_seconds or "default",
                 num_examples=splits.info.num_examples["train"],

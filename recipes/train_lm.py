@@ -40,7 +40,7 @@ flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a fin
 
 def main(argv):
     common.reject_extra_args(argv)
-    parallel_flags.check_parallel_flags()  # --parallel: the default strategy, its limits
+    parallel_flags.use_default_strategy()  # --parallel: the stages use the devices
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras

@@ -8,6 +8,7 @@ do). Recipes are run as real subprocesses.
 import os
 import subprocess
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -90,6 +91,37 @@ def run_recipe(name, *args, timeout=600, env=None, cwd=None):
         [sys.executable, os.path.join(RECIPES, f"{name}.py"), *map(str, args)],
         capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or ROOT,
     )
+
+
+FLAG_ERROR_SECONDS = 1.0
+"""A bad flag's error, from the process's start to its exit: absl parses and checks the flags
+before TensorFlow loads (which alone takes 5-10 s)."""
+IDLE_START_SECONDS = 0.2  # a Python importing absl and tfaccel.errors on an idle machine (~0.1 s)
+
+
+def flag_error_seconds():
+    """The bound on a flag error's process: FLAG_ERROR_SECONDS, plus however much slower than
+    IDLE_START_SECONDS a Python that only imports absl and tfaccel.errors starts right now, so
+    that the bound holds on a loaded machine and still fails on a TensorFlow import."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import absl.flags, tfaccel.errors"], env=env,
+                   check=True, timeout=60)
+    return FLAG_ERROR_SECONDS + max(0.0, time.perf_counter() - start - IDLE_START_SECONDS)
+
+
+def check_flag_error(name, *args, line, env=None):
+    """Runs recipes/<name>.py with bad flags: exit 2, `error: <line>` the one line on stderr
+    (no traceback), within `flag_error_seconds()`. Returns the CompletedProcess."""
+    start = time.perf_counter()
+    proc = run_recipe(name, *args, timeout=120, env=env)
+    seconds = time.perf_counter() - start
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [f"error: {line}"], proc.stderr[-2000:]
+    limit = flag_error_seconds()
+    assert seconds < limit, f"{name} {' '.join(args)} took {seconds:.2f} s (limit {limit:.2f} s)"
+    return proc
 
 
 def launch_recipe(name, *args, workers=2, tmpdir, timeout=900):

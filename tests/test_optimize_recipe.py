@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_only_chief_wrote, launch_recipe, run_recipe
+from conftest import check_flag_error, check_only_chief_wrote, launch_recipe, run_recipe
 
 from tfaccel import summaries
 
@@ -31,9 +31,10 @@ def _one_error_line(result):
 
 def test_unknown_variant_fails_before_writing(tmp_path):
     out = tmp_path / "run"
-    result = run_recipe("optimize", f"--model_dir={out}", "--variants=float,int4")
-    line = _one_error_line(result)
-    assert "int4" in line and "qat_int8" in line
+    check_flag_error("optimize", f"--model_dir={out}", "--variants=float,int4",
+                     line="--variants=float,int4: unknown int4; choose from float, dynamic, int8, "
+                     "float16, int16x8, qat_int8, pruned_qat_int8, keras3_int8, keras3_int4, "
+                     "keras3_int4_per_channel")
     assert not out.exists()
 
 

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import check_flag_error
 
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
@@ -185,19 +186,17 @@ def test_train_recipe_logs_the_scheduled_rate_to_tensorboard(recipe, tmp_path):
     assert logged[10] < logged[20] and logged[30] == pytest.approx(0.001, rel=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("flags, message", [
-    (["--lr_schedule=triangle"], "error: unknown learning-rate schedule 'triangle'"),
+@pytest.mark.parametrize("flags, line", [
+    (["--lr_schedule=triangle"], "--lr_schedule=triangle: use one of constant, step, piecewise, "
+     "exponential, polynomial, cosine, cosine_restarts, one_cycle, epoch_exponential"),
     (["--lr_schedule=cosine", "--warmup_epochs=3", "--epochs=2"],
-     "error: warmup of 3.0 epochs is not shorter than training (2 epochs)"),
+     "warmup of 3.0 epochs is not shorter than training (2 epochs): use --warmup_epochs below "
+     "--epochs"),
 ])
-def test_train_recipe_rejects_bad_schedule_flags(recipe, tmp_path, flags, message):
-    result = recipe("train", *flags, f"--model_dir={tmp_path / 'run'}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(message)
-    assert "Traceback" not in result.stderr
+def test_train_recipe_rejects_bad_schedule_flags(tmp_path, flags, line):
+    # make_schedule's own rules (tfaccel.choices.check_schedule), checked as the flags parse.
+    check_flag_error("train", *flags, f"--model_dir={tmp_path / 'run'}", line=line)
     assert not os.path.exists(tmp_path / "run")
-    assert "strategy " not in result.stdout  # caught before the data and the model load
 
 
 def test_a_keras3_optimizer_runs_the_schedule_and_saves_it(tmp_path):

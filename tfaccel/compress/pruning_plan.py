@@ -22,12 +22,16 @@ Example:
 """
 
 import dataclasses
-import numbers
 
 import numpy as np
 
 from tfaccel import _compat
-from tfaccel.choices import BLOCK_POOLINGS, PRUNING_POLICIES, PRUNING_SCHEDULES
+from tfaccel.choices import (
+    PRUNING_SCHEDULES,
+    check_prune_pattern,
+    check_pruning_epochs,
+    check_sparsity,
+)
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import (
     ensure_tf_keras,
@@ -138,13 +142,6 @@ class PruningPlan:
 # ---------------------------------------------------------------- schedule
 
 
-def check_sparsity(value, name="target_sparsity"):
-    """Returns `value` as a float if it is in [0, 1), else raises ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
-        raise ConfigError(f"{name}={value!r} must be in [0, 1), e.g. 0.8 for 80% zeros")
-    return float(value)
-
-
 def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=PruneConfig()):
     """A TF-MOT pruning schedule whose steps come from epochs and steps per epoch.
 
@@ -177,22 +174,10 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
         raise ConfigError(f"epochs={epochs} and steps_per_epoch={steps_per_epoch} must be >= 1: "
                           "pruning needs fine-tuning steps")
     total = int(epochs) * int(steps_per_epoch)
-    begin_epoch = float(config.begin_epoch)
-    end_epoch = float(config.end_epoch) if config.end_epoch is not None else max(
-        begin_epoch, 2.0 * epochs / 3.0)
-    if not 0 <= begin_epoch < epochs:
-        raise ConfigError(f"begin_epoch={begin_epoch:g} must be in [0, epochs={epochs}): "
-                          "pruning must start during the fine-tuning")
-    if end_epoch < begin_epoch:
-        raise ConfigError(f"end_epoch={end_epoch:g} is before begin_epoch={begin_epoch:g}: "
-                          "pruning must end after it begins")
-    if end_epoch > epochs:
-        raise ConfigError(f"end_epoch={end_epoch:g} is after the last epoch ({epochs}): "
-                          "the target would never be reached; lower it or add epochs")
+    begin_epoch, end_epoch = check_pruning_epochs(epochs, config.begin_epoch, config.end_epoch,
+                                                  config.frequency)
     begin = round(begin_epoch * steps_per_epoch)
     end = min(round(end_epoch * steps_per_epoch), total - 1)
-    if config.frequency is not None and int(config.frequency) < 1:
-        raise ConfigError(f"frequency={config.frequency} must be a positive number of steps")
     frequency = int(config.frequency or max(1, (end - begin) // 20))
     if config.schedule == "constant":
         return tfmot().sparsity.keras.ConstantSparsity(target, begin, -1, frequency)
@@ -243,24 +228,6 @@ def _matches(layer, names):
     return layer.name in names or type(layer).__name__ in names
 
 
-def _check_config(config):
-    if config.m_by_n is not None:
-        m_by_n = tuple(config.m_by_n)
-        if len(m_by_n) != 2 or not all(isinstance(v, int) for v in m_by_n) or \
-                not 0 < m_by_n[0] < m_by_n[1]:
-            raise ConfigError(f"m_by_n={config.m_by_n!r} must be two integers 0 < m < n, "
-                              "e.g. (2, 4)")
-        if tuple(config.block_size) != (1, 1):
-            raise ConfigError("m_by_n and block_size cannot be combined: pick one pattern")
-    if len(tuple(config.block_size)) != 2 or min(config.block_size) < 1:
-        raise ConfigError(f"block_size={config.block_size!r} must be two positive integers")
-    if config.block_pooling not in BLOCK_POOLINGS:
-        raise ConfigError(f"block_pooling={config.block_pooling!r}: use 'AVG' or 'MAX'")
-    if config.policy not in (None, *PRUNING_POLICIES):
-        raise ConfigError(f"policy={config.policy!r}: use None or one of "
-                          f"{', '.join(PRUNING_POLICIES)}")
-
-
 def check_prunable_model(model):
     """Raises when TF-MOT cannot prune `model` (Keras 3, subclassed, already pruned)."""
     ensure_tf_keras(model)
@@ -296,7 +263,8 @@ def plan_pruning(model, config=PruneConfig()):
     """
     model = as_tf_keras(model)
     check_prunable_model(model)
-    _check_config(config)
+    check_prune_pattern(config.m_by_n, config.block_size, config.block_pooling,
+                        config.policy)
     layers = list(walk_layers(model))
     known = {layer.name for layer in layers} | {type(layer).__name__ for layer in layers}
     for field in ("include", "exclude"):

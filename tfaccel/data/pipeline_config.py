@@ -17,14 +17,12 @@ Example:
 
 import dataclasses
 import numbers
-import os
 
 import tensorflow as tf
 
-from tfaccel.choices import CACHE_MODES, ON_BAD_EXAMPLE
+from tfaccel.choices import ON_BAD_EXAMPLE, check_cache
 from tfaccel.distribute import batching
 from tfaccel.errors import ConfigError
-from tfaccel.io import cannot_write
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,11 +107,7 @@ class PipelineConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive integer, e.g. {example}")
-        if self.cache not in CACHE_MODES and not str(self.cache).strip():
-            raise ConfigError(f"cache={self.cache!r}: use one of {', '.join(CACHE_MODES)} "
-                              "or a file path prefix")
-        if self.cache not in CACHE_MODES:
-            _check_cache_folder(self.cache)
+        check_cache(self.cache)
         if self.shard_policy is not None:
             batching.check_shard_policy(self.shard_policy)
         if self.on_bad_example not in ON_BAD_EXAMPLE:
@@ -132,21 +126,6 @@ class PipelineConfig:
         if self.ram_budget_mb is not None and not self.autotune:
             raise ConfigError(f"ram_budget_mb={self.ram_budget_mb} is autotune's RAM budget: set "
                               "autotune=True too, or drop ram_budget_mb")
-
-
-def _check_cache_folder(prefix):
-    """tf.data writes a file cache as `prefix`.* files: their folder must exist and be writable
-    before the first epoch, or the run stops mid-training with files left behind."""
-    folder = os.path.dirname(os.path.abspath(prefix))
-    fix = ("pass a prefix in an existing folder you can write to (e.g. --cache=/tmp/train_cache), "
-           "or --cache=memory")
-    if os.path.isdir(prefix):
-        raise ConfigError(f"cache={prefix!r} is a folder: the cache is a file name prefix, e.g. "
-                          f"{os.path.join(prefix, 'train')!r}")
-    if not os.path.isdir(folder):
-        raise ConfigError(f"cache={prefix!r}: folder {folder} does not exist: {fix}")
-    if why := cannot_write(folder):
-        raise ConfigError(f"cache={prefix!r}: cannot write to {folder} ({why}): {fix}")
 
 
 def pipeline_options(config):

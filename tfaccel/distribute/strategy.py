@@ -27,7 +27,7 @@ import os
 import tensorflow as tf
 
 from tfaccel import _compat
-from tfaccel.choices import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES
+from tfaccel.choices import COLLECTIVES, CROSS_DEVICE_OPS, STRATEGIES, check_cpu_devices
 from tfaccel.errors import ConfigError, first_line
 
 __all__ = [
@@ -56,10 +56,7 @@ def split_cpu(num_devices):
     Raises:
       ConfigError: `num_devices` < 1, or devices were already initialized with another count.
     """
-    if num_devices is None or int(num_devices) < 1:
-        raise ConfigError(f"cpu_devices={num_devices} must be at least 1 (1 keeps the CPU whole, "
-                          "2 or more split it into logical devices for mirrored training)")
-    num_devices = int(num_devices)
+    num_devices = check_cpu_devices(num_devices)
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(

@@ -35,34 +35,10 @@ import types
 
 import tensorflow as tf
 
-from tfaccel.errors import ConfigError, ModelError
+from tfaccel.choices import check_accumulation_steps as check_accumulation_steps
+from tfaccel.errors import ModelError
 from tfaccel.keras import keras, keras_of
 from tfaccel.train.precision import scaled_gradients
-
-
-def check_accumulation_steps(steps, batch_size=None, num_replicas=1):
-    """Raises ConfigError unless `steps` >= 1 and (if given) the batch splits into it.
-
-    Args:
-      steps: micro-batches per optimizer step.
-      batch_size: global batch size, checked to give every replica `steps`
-        micro-batches of at least one example.
-      num_replicas: replicas the global batch is divided over.
-
-    Returns:
-      The micro-batch size per replica (or None without `batch_size`).
-    """
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ConfigError(f"grad_accum_steps={steps!r} must be an integer >= 1 "
-                          "(1 means no accumulation)")
-    if batch_size is None:
-        return None
-    per_replica = batch_size // num_replicas
-    if batch_size % (steps * num_replicas):
-        raise ConfigError(f"batch_size={batch_size} does not split into grad_accum_steps={steps} "
-                          f"micro-batches on {num_replicas} replica(s): use a batch size that is a "
-                          f"multiple of {steps * num_replicas}")
-    return per_replica // steps
 
 
 def _micro_bounds(n, steps):

@@ -35,7 +35,11 @@ import tensorflow as tf
 from absl import logging
 
 from tfaccel import _compat
-from tfaccel.choices import ALLOCATORS, HOST_ALLOCATORS  # noqa: F401 (re-exported)
+from tfaccel.choices import (  # noqa: F401 (ALLOCATORS, HOST_ALLOCATORS re-exported)
+    ALLOCATORS,
+    HOST_ALLOCATORS,
+    check_gpu_memory,
+)
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
 from tfaccel.summaries import EpochScalarLogger
@@ -60,15 +64,7 @@ def configure_gpu_memory(growth=False, limit_mb=None, allocator="default", gpus=
       ConfigError: unknown allocator, `limit_mb` <= 0, or `growth` together
         with `limit_mb` (TensorFlow accepts only one of them per GPU).
     """
-    if allocator not in ALLOCATORS:
-        raise ConfigError(f"unknown GPU allocator {allocator!r}: use one of "
-                          f"{', '.join(ALLOCATORS)}")
-    if limit_mb is not None and limit_mb <= 0:
-        raise ConfigError(f"GPU memory limit {limit_mb} MB must be positive "
-                          "(or unset for no limit)")
-    if growth and limit_mb is not None:
-        raise ConfigError(f"memory growth and a memory limit ({limit_mb} MB) cannot be combined: "
-                          "choose growth (allocate on demand) or a limit (fixed cap)")
+    check_gpu_memory(growth, limit_mb, allocator)
     warnings = []
     if allocator != "default":
         # Read by TensorFlow when it creates the GPU devices, so it must be set first.

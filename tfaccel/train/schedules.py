@@ -26,7 +26,7 @@ import math
 
 import tensorflow as tf
 
-from tfaccel.choices import SCHEDULES
+from tfaccel.choices import SCHEDULES as SCHEDULES, check_schedule
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras, keras3
 
@@ -296,16 +296,9 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
     Raises:
       ConfigError: unknown name, warmup as long as training or longer, bad lengths.
     """
-    if name not in SCHEDULES:
-        raise ConfigError(f"unknown learning-rate schedule {name!r}: "
-                          f"use one of {', '.join(SCHEDULES)}")
+    check_schedule(name, epochs, warmup_epochs, decay_epochs, boundaries, multipliers)
     if steps_per_epoch <= 0:
         raise ConfigError(f"steps_per_epoch={steps_per_epoch} must be > 0")
-    if warmup_epochs < 0 or (warmup_epochs > 0 and warmup_epochs >= epochs):
-        raise ConfigError(f"warmup of {warmup_epochs} epochs is not shorter than training "
-                          f"({epochs} epochs): use --warmup_epochs below --epochs")
-    if decay_epochs is not None and decay_epochs <= 0:
-        raise ConfigError(f"decay_epochs={decay_epochs} must be > 0")
 
     def steps(e):
         return max(1, int(round(e * steps_per_epoch)))
@@ -318,9 +311,6 @@ def make_schedule(name, learning_rate, *, steps_per_epoch, epochs, warmup_epochs
     if name == "step":
         return StepSchedule(lr, steps(decay_epochs or after / 3), decay_rate, **warm)
     if name == "piecewise":
-        if len(multipliers) != len(boundaries) + 1:
-            raise ConfigError(f"piecewise schedule: {len(boundaries)} boundaries need "
-                              f"{len(boundaries) + 1} multipliers, got {len(multipliers)}")
         return PiecewiseSchedule([steps(b) for b in boundaries], [lr * m for m in multipliers],
                                  **warm)
     if name == "exponential":
