@@ -24,9 +24,9 @@ from flagkit import (
     recipe_path,
     require_ints,
 )
-from tfaccel.train.backup_timing import parse_backup_freq
 
 from tfaccel import choices
+from tfaccel.choices import parse_backup_freq
 from tfaccel.errors import ConfigError
 
 # A ParameterServerStrategy needs ps and coordinator tasks that no recipe runs.

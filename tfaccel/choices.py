@@ -11,8 +11,10 @@ so that each rule has one home and a bad flag fails before TensorFlow loads.
 Nothing here may import TensorFlow, Keras or NumPy.
 """
 
+import datetime
 import numbers
 import os
+import re
 
 from tfaccel.errors import ConfigError
 from tfaccel.io import cannot_write
@@ -210,3 +212,32 @@ def check_prune_pattern(m_by_n=None, block_size=(1, 1), block_pooling="AVG", pol
         raise ConfigError(f"block_pooling={block_pooling!r}: use 'AVG' or 'MAX'")
     if policy not in (None, *PRUNING_POLICIES):
         raise ConfigError(f"policy={policy!r}: use None or one of {', '.join(PRUNING_POLICIES)}")
+
+
+def parse_backup_freq(value):
+    """'epoch', a positive number of steps (int or string), or seconds: '60s' -> timedelta(60).
+
+    A `datetime.timedelta` (or 'Ns') means: back up at the first epoch end at
+    least that long after the previous backup (or the start), and after the
+    last epoch.
+
+    Raises:
+      ConfigError: anything else.
+    """
+    if value == "epoch":
+        return "epoch"
+    if isinstance(value, datetime.timedelta):
+        if value.total_seconds() < 0:
+            raise ConfigError(f"backup_freq={value} must not be negative")
+        return value
+    seconds = re.fullmatch(r"(\d+(?:\.\d*)?)s", str(value).strip())
+    if seconds:
+        return datetime.timedelta(seconds=float(seconds.group(1)))
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        steps = 0
+    if steps < 1:
+        raise ConfigError(f"backup_freq={value!r} must be 'epoch', a positive number of steps "
+                          "(e.g. 50) or of seconds between epoch-end backups (e.g. 60s)")
+    return steps

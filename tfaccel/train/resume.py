@@ -32,47 +32,18 @@ import datetime
 import json
 import math
 import os
-import re
 import shutil
 import time
 
 import tensorflow as tf
 
 from tfaccel import _compat, distribute
+from tfaccel.choices import parse_backup_freq as parse_backup_freq  # TensorFlow-free, for flags
 from tfaccel.errors import ConfigError
 from tfaccel.keras import flavour_of, keras, keras3
 
 __all__ = ["parse_backup_freq", "Backup", "ResumeReporter", "EpochCounter", "read_backup",
            "remove_backup", "EpochBackups", "PeriodicBackup", "backup_callbacks"]
-
-
-def parse_backup_freq(value):
-    """'epoch', a positive number of steps (int or string), or seconds: '60s' -> timedelta(60).
-
-    A `datetime.timedelta` (or 'Ns') means: back up at the first epoch end at
-    least that long after the previous backup (or the start), and after the
-    last epoch.
-
-    Raises:
-      ConfigError: anything else.
-    """
-    if value == "epoch":
-        return "epoch"
-    if isinstance(value, datetime.timedelta):
-        if value.total_seconds() < 0:
-            raise ConfigError(f"backup_freq={value} must not be negative")
-        return value
-    seconds = re.fullmatch(r"(\d+(?:\.\d*)?)s", str(value).strip())
-    if seconds:
-        return datetime.timedelta(seconds=float(seconds.group(1)))
-    try:
-        steps = int(value)
-    except (TypeError, ValueError):
-        steps = 0
-    if steps < 1:
-        raise ConfigError(f"backup_freq={value!r} must be 'epoch', a positive number of steps "
-                          "(e.g. 50) or of seconds between epoch-end backups (e.g. 60s)")
-    return steps
 
 
 # ------------------------------------------------------------------ reading a backup
