@@ -26,6 +26,8 @@ from fit_setup import (
     fit_batch_size,
     fit_callbacks,
     memory_plan,
+    model_flops,
+    utilization_metrics,
 )
 from flagkit import (
     FLAGS,
@@ -73,6 +75,7 @@ __all__ = [
     "Inputs", "input_from_flags", "lr_schedule", "run",
     # Re-exported: compiling and fitting from the flags (recipes/fit_setup.py).
     "compile_from_flags", "fit_batch_size", "FitCallbacks", "fit_callbacks", "memory_plan",
+    "model_flops", "utilization_metrics",
 ]
 
 

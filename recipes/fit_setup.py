@@ -68,8 +68,34 @@ def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
         device_memory=memory))
 
 
+def model_flops(model, policy, sequence_length=None, printer=print):
+    """(training FLOPs per example of `model`'s traced step, the `doctor.Peak` of `policy`) for
+    the throughput logger's MFU; (None, peak) with a line saying why when the step cannot be
+    traced (MFU is a report: it never stops a run)."""
+    from tfaccel import doctor
+    from tfaccel.errors import TfaccelError
+    from tfaccel.performance import utilization
+
+    peak = doctor.peak(policy)
+    try:
+        flops = utilization.training_flops_per_example(model, sequence_length=sequence_length)
+    except TfaccelError as e:
+        printer(f"utilization: no MFU for this run ({e})")
+        return None, peak
+    return flops, peak
+
+
+def utilization_metrics(throughput, flops):
+    """metrics.json's utilization fields: the last epoch's MFU, the FLOPs it counts and the
+    peak it divides by (and how that peak was worked out)."""
+    flops_per_example, peak = flops
+    last = throughput.history[-1] if throughput.history else {}
+    return {"mfu": last.get("mfu"), "training_flops_per_example": flops_per_example,
+            "peak_flops_per_second": peak.flops_per_second, "peak": peak.how}
+
+
 def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print,
-                  extra=(), flavour="tf_keras", batch_size=None):
+                  extra=(), flavour="tf_keras", batch_size=None, flops=None):
     """The train recipe's callbacks for `fit`, in the order they must run; what
     benchmarks/bench_overhead.py times against a bare `fit`.
 
@@ -82,7 +108,8 @@ def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, p
     samples) after throughput, before TensorBoard (which writes what they add to the logs).
     Unless --backup_freq is a number of steps, none of them reads a tensor at every step.
     `flavour` is the model's Keras (the backup is that Keras's); `batch_size` the examples in
-    one of `fit`'s steps (default --batch_size).
+    one of `fit`'s steps (default --batch_size); `flops` what `model_flops` returns, for the
+    model FLOP utilization (`epoch_mfu`) beside the throughput.
 
     Returns:
       `FitCallbacks(callbacks, backup, throughput)`: the list for `fit`, the backup callbacks
@@ -97,7 +124,10 @@ def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, p
         backup_dir, backup_freq, epochs=FLAGS.epochs, printer=printer, delete_after_fit=False,
         weights_path=os.path.join(model_dir, "checkpoints", "ckpt-{epoch:03d}.weights.h5"),
         flavour=flavour)
-    throughput = summaries.ThroughputLogger(train_logdir, batch_size or FLAGS.batch_size)
+    flops_per_example, peak = flops or (None, None)
+    throughput = summaries.ThroughputLogger(
+        train_logdir, batch_size or FLAGS.batch_size, flops_per_example=flops_per_example,
+        peak_flops=peak.flops_per_second if peak else None)
     callbacks = [training.StopOnNonFiniteLoss(), *backup,
                  *([data_epoch] if data_epoch is not None else []),
                  summaries.LearningRateLogger(train_logdir, every_n_steps=10), throughput,

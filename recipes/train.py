@@ -192,8 +192,9 @@ def main(argv):
         diagnose.write_diagnosis(os.path.join(logdir, "train"), diagnosis)
     # NaN stop, backup/resume (and checkpoints/ at each backup; kept after fit until
     # metrics.json is written), logging: the list bench_overhead.py times against a bare fit.
+    flops = common.model_flops(unsplit, policy)
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
-                                         flavour=flavour, batch_size=fit_batch)
+                                         flavour=flavour, batch_size=fit_batch, flops=flops)
     throughput, backup = fit_callbacks.throughput, fit_callbacks.backup
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, shuffle=False,
@@ -218,6 +219,7 @@ def main(argv):
         "train_seconds": train_seconds,
         "examples_per_sec": (throughput.history[-1]["examples_per_sec"]
                              if throughput.history else None),
+        **common.utilization_metrics(throughput, flops),
         "exports": exports,
         "precision": policy,
         "jit_compile": jit_compile,
@@ -245,6 +247,8 @@ def main(argv):
         resume.remove_backup(backup_dir)
     print(f"\n{metrics['model']} on {FLAGS.dataset}: test accuracy {test['accuracy']:.4f} "
           f"(loss {test['loss']:.4f}) after {FLAGS.epochs} epochs in {train_seconds:.1f}s")
+    if metrics["mfu"] is not None:
+        print(f"utilization: {metrics['mfu']:.1%} MFU of {metrics['peak']}")
     print(f"wrote {model_dir}: model.keras, saved_model/, metrics.json, checkpoints/, logs/")
     print(f"inspect: {summaries.tensorboard_command(logdir)}")
 

@@ -149,8 +149,9 @@ def main(argv):
         samples = language_model.SampleLogger(train_logdir, splits.vocab, FLAGS.prompt,
                                               FLAGS.sample_tokens, seed=FLAGS.seed)
         extra.append(samples)
+    flops = common.model_flops(unsplit, policy, sequence_length=length)  # per window
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
-                                         extra=extra)
+                                         extra=extra, flops=flops)
     start = time.perf_counter()
     history = model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
                         steps_per_epoch=inputs.steps_per_epoch,
@@ -187,6 +188,7 @@ def main(argv):
         "validation_accuracy": validation["accuracy"],
         "train_loss": float(history.history["loss"][-1]) if history.history.get("loss") else None,
         "train_seconds": train_seconds, "tokens_per_sec": tokens_per_sec,
+        **common.utilization_metrics(throughput, flops),
         "exports": exports, "export_validation": rows, "precision": policy,
         "jit_compile": jit_compile, "grad_accum_steps": FLAGS.grad_accum_steps,
         "recompute": FLAGS.recompute, "learning_rate": learning_rate, "ema": FLAGS.ema,
@@ -206,6 +208,8 @@ def main(argv):
           + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
     if sample:
         print(f"sample: {FLAGS.prompt + sample!r}")
+    if metrics["mfu"] is not None:
+        print(f"utilization: {metrics['mfu']:.1%} MFU of {metrics['peak']}")
     print(f"wrote {model_dir}: model.keras, vocabulary.json, metrics.json, checkpoints/, logs/")
     print(f"inspect: {summaries.tensorboard_command(logdir)}")
 

@@ -56,6 +56,7 @@ def test_writes_exports_metrics_and_tflite_losses(short_run):
     assert rows["model_int8.tflite"]["loss"] == pytest.approx(loss, rel=0.05)
     assert rows["model_int8.tflite"]["size_mb"] < rows["model.tflite"]["size_mb"]
     assert metrics["tokens_per_sec"] > 0
+    assert 0 < metrics["mfu"] < 1 and metrics["training_flops_per_example"] > 0
     assert len(metrics["samples_per_epoch"]) == 2
     assert re.search(r"validation loss [\d.]+ nats/char \([\d.]+ bits, perplexity", proc.stdout)
 
@@ -66,8 +67,9 @@ def test_tensorboard_holds_language_model_scalars_and_samples(short_run):
     train = summaries.read_scalars(model_dir / "logs" / "train")
     validation = summaries.read_scalars(model_dir / "logs" / "validation")
     for tag in ("epoch_loss", "epoch_bits_per_char", "epoch_perplexity", "epoch_tokens_per_sec",
-                "learning_rate", "memory/peak_rss_mb"):
+                "learning_rate", "memory/peak_rss_mb", "epoch_mfu"):
         assert tag in train, (tag, sorted(train))
+    assert train["epoch_mfu"][-1][1] == pytest.approx(metrics["mfu"], rel=1e-5)
     assert [step for step, _ in train["epoch_bits_per_char"]] == [0, 1]
     assert validation["epoch_loss"][-1][1] == pytest.approx(metrics["validation_loss"], rel=1e-4)
     assert "epoch_bits_per_char" in validation and "epoch_perplexity" in validation

@@ -34,6 +34,10 @@ def test_writes_model_checkpoints_and_metrics(short_run):
     assert metrics["keras"] == flavour
     assert 0.5 < metrics["test_accuracy"] <= 1.0
     assert metrics["examples_per_sec"] > 0
+    # MFU: the last epoch's examples/s x the traced step's FLOPs per example / the peak
+    assert metrics["training_flops_per_example"] > 1e5 and "FLOP/cycle" in metrics["peak"]
+    assert 0 < metrics["mfu"] < 1
+    assert f"utilization: {metrics['mfu']:.1%} MFU of" in proc.stdout
     assert (model_dir / "saved_model" / "saved_model.pb").exists()
     # Weights at each backup: by default (--backup_freq=60s) at most once a minute, and the
     # last epoch always (these epochs are far shorter than a minute).
@@ -55,8 +59,11 @@ def test_writes_model_checkpoints_and_metrics(short_run):
 def test_tensorboard_event_files_hold_scalars_and_flags(short_run):
     model_dir, _, _ = short_run
     train = summaries.read_scalars(model_dir / "logs" / "train")
-    for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "epoch_examples_per_sec"):
+    for tag in ("epoch_loss", "epoch_accuracy", "learning_rate", "epoch_examples_per_sec",
+                "epoch_mfu"):
         assert tag in train, sorted(train)
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert train["epoch_mfu"][-1][1] == pytest.approx(metrics["mfu"], rel=1e-5)
     assert [step for step, _ in train["epoch_loss"]] == [0, 1, 2]
     assert train["epoch_loss"][-1][1] < train["epoch_loss"][0][1]
     assert all(v == pytest.approx(1e-3) for _, v in train["learning_rate"])
