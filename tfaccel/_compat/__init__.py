@@ -33,6 +33,7 @@ from tfaccel._compat.distribute import (
 )
 from tfaccel._compat.graphs import (
     is_graph_network,
+    sublayers,
 )
 from tfaccel._compat.keras3 import (
     is_keras3_functional,
@@ -56,6 +57,7 @@ from tfaccel._compat.training import (
 
 __all__ = [
     "is_graph_network",
+    "sublayers",
     "num_workers",
     "strategy_name",
     "serialized_dataset_graph",

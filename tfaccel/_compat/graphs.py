@@ -16,3 +16,14 @@ def is_graph_network(model):
     if is_keras3_object(model):
         return isinstance(model, keras3().Sequential) or is_keras3_functional(model)
     return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False))
+
+
+def sublayers(layer):
+    """The layers `layer` holds directly (a custom layer's Dense, a wrapper's inner layer).
+
+    Keras 3 exports no way to list a plain layer's sublayers (`Model.layers` exists only on
+    models); both Kerases keep them behind the private
+    `Layer._flatten_layers(include_self=False, recursive=False)`. Checked: tf_keras 2.21,
+    Keras 3.15.
+    """
+    return list(layer._flatten_layers(include_self=False, recursive=False))
