@@ -105,6 +105,8 @@ _EXPORTS = {
         "PruneConfig", "PruningPlan", "plan_pruning", "make_pruning_schedule",
     ],
     "tfaccel.compress.prune": ["prune_to_sparsity", "strip_pruning", "load_pruned_model"],
+    "tfaccel.compress.magnitude": ["prune_magnitude", "strip_magnitude", "MagnitudePruning"],
+    "tfaccel.compress.prunable": ["plan_kernels"],
     "tfaccel.compress.sparsity": [
         "sparsity_report", "check_m_by_n", "model_sizes", "SparsityLogger",
     ],

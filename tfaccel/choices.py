@@ -45,6 +45,9 @@ HOST_ALLOCATORS = ("pooled", "malloc")
 CACHE_MODES = ("auto", "memory", "none")
 ON_BAD_EXAMPLE = ("fail", "skip")
 PRUNING_SCHEDULES = ("polynomial", "constant")
+# prune_to_sparsity(method=): TF-MOT's wrappers, tfaccel.compress.magnitude's callback, or
+# TF-MOT when it can take the model and magnitude otherwise.
+PRUNING_METHODS = ("auto", "tfmot", "native")
 PRUNING_POLICIES = ("xnnpack",)
 BLOCK_POOLINGS = ("AVG", "MAX")
 # tfaccel.parallel.pipeline / stages: how a model is split over devices, how stages balance.

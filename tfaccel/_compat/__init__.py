@@ -35,6 +35,7 @@ from tfaccel._compat.graphs import (
     graph_float_ops,
     is_graph_network,
     is_plain_graph_model,
+    sublayers,
 )
 from tfaccel._compat.keras3 import (
     is_keras3_functional,
@@ -60,6 +61,7 @@ __all__ = [
     "graph_float_ops",
     "is_graph_network",
     "is_plain_graph_model",
+    "sublayers",
     "num_workers",
     "strategy_name",
     "serialized_dataset_graph",

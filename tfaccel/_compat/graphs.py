@@ -79,3 +79,14 @@ def is_plain_graph_model(model):
         k3 = keras3()
         return type(model) in (k3.Sequential, k3.src.models.functional.Functional)
     return type(model) in (keras.Sequential, keras.src.engine.functional.Functional)
+
+
+def sublayers(layer):
+    """The layers `layer` holds directly (a custom layer's Dense, a wrapper's inner layer).
+
+    Keras 3 exports no way to list a plain layer's sublayers (`Model.layers` exists only on
+    models); both Kerases keep them behind the private
+    `Layer._flatten_layers(include_self=False, recursive=False)`. Checked: tf_keras 2.21,
+    Keras 3.15.
+    """
+    return list(layer._flatten_layers(include_self=False, recursive=False))

@@ -19,6 +19,12 @@ with the sparse weights (the crossing checked again). A `block_size` applies
 where TF-MOT can use it (2-D kernels: Dense); convolutions are pruned
 element-wise at the same sparsity (`PruningPlan.element_wise` names them).
 
+A model TF-MOT cannot take (a Keras 3 model with layers the bridge cannot
+translate: custom layers, KerasHub models, raw ops; a subclassed model) is
+pruned without TF-MOT instead (`method="auto"`, the default): by
+`tfaccel.compress.magnitude`, on the model itself, with the same schedule
+and the same layer choices; `method="tfmot"` or `"native"` forces one.
+
 Works under `mixed_float16`/`mixed_bfloat16` (TF-MOT issue #409: masking
 fails under MirroredStrategy and, without one, rounds the float32 master
 weights to half precision at every step; here masks are computed and applied
@@ -50,18 +56,28 @@ import tensorflow as tf
 from absl import logging
 
 from tfaccel import _compat
+from tfaccel.choices import PRUNING_METHODS
+from tfaccel.compress import magnitude, prunable
 from tfaccel.compress.pruning_plan import (  # also this module's names, as before the split
     PruneConfig,
     PruningPlan as PruningPlan,
     make_pruning_schedule,
     plan_pruning,
+    pruning_schedule_args,
     pruning_wrappers,
     tfmot,
 )
 from tfaccel.compress.sparsity import SparsityLogger
-from tfaccel.errors import ConfigError, ModelError, first_line
-from tfaccel.keras import check_flavour, clone_with_weights, ensure_tf_keras, flavour_of
-from tfaccel.keras.bridge import as_tf_keras, to_flavour
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
+from tfaccel.keras import (
+    check_flavour,
+    clone_with_weights,
+    ensure_tf_keras,
+    flavour_of,
+    is_keras3_object,
+    keras,
+)
+from tfaccel.keras.bridge import as_tf_keras, to_flavour, untranslatable_layers
 from tfaccel.train import resume
 from tfaccel.train.models import load_model_file
 from tfaccel.train.precision import apply_precision
@@ -77,15 +93,78 @@ def _mask_in_float32(model):
     return model
 
 
+def tfmot_refusal(model):
+    """Why TF-MOT cannot take `model` (one phrase), or None when it can.
+
+    TF-MOT takes tf_keras Sequential and functional models, and Keras 3 ones
+    the bridge translates; not subclassed models, nor Keras 3 models with
+    custom layers (KerasHub's included), Lambda layers or raw ops.
+    """
+    if is_keras3_object(model):
+        try:
+            bad = untranslatable_layers(model)
+        except UnsupportedLayerError as e:
+            return first_line(e)
+        if bad:
+            return (f"{len(bad)} layer(s) the tf_keras bridge cannot translate: "
+                    + ", ".join(f"{name} ({cls})" for name, cls, _ in bad[:3])
+                    + (", ..." if len(bad) > 3 else ""))
+        return None
+    if isinstance(model, keras.Model) and not _compat.is_graph_network(model):
+        return f"a subclassed model ({type(model).__name__})"
+    return None
+
+
+def choose_method(model, config=PruneConfig(), method="auto"):
+    """'tfmot' or 'native': how `prune_to_sparsity` prunes `model`.
+
+    'auto' is TF-MOT when it can take the model (`tfmot_refusal` is None: what
+    worked before keeps working the same way), `magnitude` otherwise.
+
+    Raises:
+      ConfigError: an unknown method, or an option only TF-MOT has with 'native'.
+      UnsupportedLayerError: 'auto' on a model TF-MOT cannot take, with an
+        option only TF-MOT has (block_size, policy).
+    """
+    if method not in PRUNING_METHODS:
+        raise ConfigError(f"method={method!r}: use one of {', '.join(PRUNING_METHODS)}")
+    tfmot_only = []
+    if tuple(config.block_size) != (1, 1):
+        tfmot_only.append(f"block_size={tuple(config.block_size)}")
+    if config.policy is not None:
+        tfmot_only.append(f"policy={config.policy!r}")
+    if method == "native" and tfmot_only:
+        raise ConfigError(f"{', '.join(tfmot_only)} is TF-MOT's: use method='tfmot', or drop "
+                          "it to prune natively")
+    if method != "auto":
+        return method
+    why = tfmot_refusal(model)
+    if why is None:
+        return "tfmot"
+    if tfmot_only:
+        raise UnsupportedLayerError(
+            f"{', '.join(tfmot_only)} needs TF-MOT, which cannot take model {model.name!r} "
+            f"({why}): drop it to prune the model without TF-MOT (method='native')")
+    return "native"
+
+
 def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=PruneConfig(), *,
                       logdir=None, backup_dir=None, backup_freq="epoch",
-                      delete_backup_after_fit=True, log_dir=None):
+                      delete_backup_after_fit=True, log_dir=None, method="auto"):
     """Prepares `model` for pruning to `target_sparsity` over `epochs` of fine-tuning.
 
     Returns a pruned copy (not compiled: compile it in the same strategy scope)
     and the callbacks to pass to `fit`. The layers pruned and those left dense
     are logged (see `plan_pruning`). Call it inside `strategy.scope()` to train
     distributed, after `set_precision` to train in mixed precision.
+
+    A model TF-MOT cannot take (`tfmot_refusal`: Keras 3 custom layers such as
+    KerasHub's, raw ops, subclassed models) is pruned by
+    `magnitude.prune_magnitude` instead, with the same schedule and the same
+    `config` (include/exclude, min_weights, keep_first_conv, m_by_n): then the
+    model returned is `model` itself, in its own Keras, never copied or
+    wrapped (compile it, or keep its compilation), its kernels found inside
+    custom layers ('outer/inner' paths), and `strip_pruning` bakes the masks in.
 
     Example:
 
@@ -113,15 +192,19 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
         when results are written after `fit`, and call `resume.remove_backup`
         after the last one, so that a kill in between does not lose the pruning.
       log_dir: the former name of `logdir`, still accepted.
+      method: 'auto' (TF-MOT when it can take the model, else native), 'tfmot'
+        (TF-MOT's wrappers; refuses what it cannot take) or 'native'
+        (`magnitude`, any model; no block_size or policy).
 
     Returns:
       (pruned_model, callbacks).
 
     Raises:
-      ConfigError: bad sparsity, schedule or layer names; both `logdir` and `log_dir`.
-      UnsupportedLayerError: subclassed model, or an included layer that
-        cannot take the requested pattern; for a Keras 3 model, every layer the
-        bridge cannot translate (custom layers, Lambda).
+      ConfigError: bad sparsity, schedule, layer names or method; both `logdir` and
+        `log_dir`.
+      UnsupportedLayerError: an included layer that cannot take the requested
+        pattern; with method='tfmot', a subclassed model, or for a Keras 3 model
+        every layer the bridge cannot translate (custom layers, Lambda).
     """
     if log_dir is not None:
         if logdir is not None:
@@ -129,6 +212,10 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
                               "only logdir (log_dir is its former name)")
         logdir = log_dir
     flavour = flavour_of(model)
+    if choose_method(model, config, method) == "native":
+        return _prune_natively(model, target_sparsity, epochs, steps_per_epoch, config,
+                               logdir=logdir, backup_dir=backup_dir, backup_freq=backup_freq,
+                               delete_backup_after_fit=delete_backup_after_fit)
     model = as_tf_keras(model)
     plan = plan_pruning(model, config)
     schedule = make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config)
@@ -167,6 +254,24 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
     return pruned, callbacks
 
 
+def _prune_natively(model, target_sparsity, epochs, steps_per_epoch, config, *, logdir,
+                    backup_dir, backup_freq, delete_backup_after_fit):
+    """`prune_to_sparsity` by `magnitude.prune_magnitude`: the model itself, its callbacks."""
+    kind, args = pruning_schedule_args(target_sparsity, epochs, steps_per_epoch, config)
+    schedule = magnitude.schedule_from({"class_name": kind, "config": args})
+    _, callbacks = magnitude.prune_magnitude(
+        model, schedule=schedule, m_by_n=config.m_by_n, include=config.include,
+        exclude=config.exclude, min_weights=config.min_weights,
+        keep_first_conv=config.keep_first_conv)
+    if backup_dir:  # after the pruning callback: a backup holds the weights masked
+        callbacks += resume.backup_callbacks(backup_dir, backup_freq, epochs,
+                                             delete_after_fit=delete_backup_after_fit,
+                                             flavour=flavour_of(model))
+    if logdir:
+        callbacks.append(SparsityLogger(logdir))
+    return model, callbacks
+
+
 def apply_masks(model):
     """Multiplies every pruned weight by its mask now (TF-MOT only does it per step and epoch)."""
     for layer in pruning_wrappers(model):
@@ -182,6 +287,8 @@ def strip_pruning(model, float32=False, flavour=None):
     Returns the model in the Keras it was given to `prune_to_sparsity` in: a
     Keras 3 model's pruned copy comes back as a Keras 3 model (translated by
     `tfaccel.keras.bridge.to_keras3`, which checks that it computes the same).
+    A model pruned without TF-MOT (`method='native'`, any Keras 3 model) is
+    returned itself with its masks baked in (`magnitude.strip_magnitude`).
 
     Example:
 
@@ -204,6 +311,11 @@ def strip_pruning(model, float32=False, flavour=None):
     """
     if flavour is not None:
         check_flavour(flavour)
+    if prunable.active_pruning(model) is not None or is_keras3_object(model):
+        stripped = magnitude.strip_magnitude(model)
+        if float32:
+            stripped = apply_precision(stripped, "float32")
+        return to_flavour(stripped, flavour)
     ensure_tf_keras(model)
     flavour = flavour or _MADE_FROM.get(model, "tf_keras")
     apply_masks(model)

@@ -165,6 +165,13 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
     Raises:
       ConfigError: sparsity outside [0, 1), end before begin, or epochs/steps < 1.
     """
+    kind, args = pruning_schedule_args(target_sparsity, epochs, steps_per_epoch, config)
+    return getattr(tfmot().sparsity.keras, kind)(**args)
+
+
+def pruning_schedule_args(target_sparsity, epochs, steps_per_epoch, config=PruneConfig()):
+    """('PolynomialDecay' or 'ConstantSparsity', its arguments): `make_pruning_schedule`'s
+    schedule, for TF-MOT's classes or `tfaccel.compress.magnitude`'s (same arguments)."""
     target = check_sparsity(target_sparsity)
     initial = check_sparsity(config.initial_sparsity, "initial_sparsity")
     if config.schedule not in PRUNING_SCHEDULES:
@@ -180,7 +187,8 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
     end = min(round(end_epoch * steps_per_epoch), total - 1)
     frequency = int(config.frequency or max(1, (end - begin) // 20))
     if config.schedule == "constant":
-        return tfmot().sparsity.keras.ConstantSparsity(target, begin, -1, frequency)
+        return "ConstantSparsity", {"target_sparsity": target, "begin_step": begin,
+                                    "end_step": -1, "frequency": frequency}
     if initial > target:
         raise ConfigError(f"initial_sparsity={initial:g} is above the target {target:g}: "
                           "a ramp goes up to the target")
@@ -189,11 +197,9 @@ def make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config=Prune
         raise ConfigError(f"the ramp from step {begin} to {end} is shorter than frequency="
                           f"{frequency}: widen begin_epoch..end_epoch, lower the frequency, "
                           "or use schedule='constant'")
-    return tfmot().sparsity.keras.PolynomialDecay(
-        initial, target, begin, begin + updates * frequency, power=config.power,
-        frequency=frequency)
-
-
+    return "PolynomialDecay", {"initial_sparsity": initial, "final_sparsity": target,
+                               "begin_step": begin, "end_step": begin + updates * frequency,
+                               "power": config.power, "frequency": frequency}
 
 
 # ---------------------------------------------------------------- which layers
