@@ -29,8 +29,11 @@ on where it stopped with nothing else saved.
 
 Example:
 
-    import keras, keras_hub, numpy as np
+    import keras_hub, numpy as np
     from tfaccel.compress import magnitude, sparsity
+    from tfaccel.keras import keras3
+
+    keras = keras3()
 
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=100, num_layers=2, num_heads=4, hidden_dim=128,
