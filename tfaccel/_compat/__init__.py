@@ -38,6 +38,7 @@ from tfaccel._compat.keras3 import (
     is_keras3_functional,
     keras3_last_learning_rate,
     keras3_operations,
+    keras_hub_seeded_cache,
 )
 from tfaccel._compat.parallel import (
     builds_on,
@@ -80,6 +81,7 @@ __all__ = [
     "takes_logs_as_tensors",
     "is_keras3_functional",
     "keras3_operations",
+    "keras_hub_seeded_cache",
     "keras3_last_learning_rate",
     "graph_calls",
     "run_call",
