@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -18,8 +19,8 @@ from tfaccel import doctor, summaries
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "benchmarks")
-NAMES = ("bench_data", "bench_lm", "bench_memory", "bench_overhead", "bench_parallel",
-         "bench_precision", "bench_prune", "bench_recompute", "bench_tflite")
+NAMES = ("bench_data", "bench_generate", "bench_lm", "bench_memory", "bench_overhead",
+         "bench_parallel", "bench_precision", "bench_prune", "bench_recompute", "bench_tflite")
 
 
 def _run(name, *args, timeout=600):
@@ -40,7 +41,7 @@ def test_help_exits_zero_and_lists_the_benchmarks_flags(name, help_flag):
     assert proc.stdout.startswith(_docstring(name).splitlines()[0])
     own = {"bench_tflite": "--report", "bench_prune": "--seeds", "bench_data": "--num_images",
            "bench_precision": "--precisions", "bench_overhead": "--rounds",
-           "bench_memory": "--configs", "bench_lm": "--rounds",
+           "bench_memory": "--configs", "bench_lm": "--rounds", "bench_generate": "--slides",
            "bench_recompute": "--configs", "bench_parallel": "--micro_batches"}[name]
     assert f"{own}:" in proc.stdout
     assert "--output_dir:" in proc.stdout and "--out_dir: Alias for --output_dir." in proc.stdout
@@ -407,3 +408,37 @@ def test_bench_parallel_times_the_unsplit_split_and_pipelined_model(tmp_path):
     assert "| pipeline M=4 |" in summaries.read_text_summaries(logdir)["bench/parallel"]
     assert "bench_parallel/pipeline_M_4_ratio" in summaries.read_scalars(logdir)
     assert summaries.read_image_tags(logdir) == ["bench/parallel_plot"]
+
+
+@pytest.mark.slow
+def test_bench_generate_times_cached_against_uncached_generation(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_generate", "--configs=tiny@32,tiny@16", "--max_new_tokens=24",
+                "--rounds=2", f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a target missed, measured
+    report = json.loads((out / "bench_generate.json").read_text())
+    assert report["config"]["machine"] == doctor.machine_summary()
+    # 24 tokens after "The " fit a context of 32 (one slide) and pass one of 16 (both slides).
+    assert [(r["config"], r["context"], r["slide"], r["passes_context"])
+            for r in report["rows"]] == [("tiny@32", 32, 1, False), ("tiny@16", 16, 1, True),
+                                         ("tiny@16", 16, 8, True)]
+    for r in report["rows"]:
+        assert r["same_text"] is True  # cached and uncached wrote the same text
+        for side in ("cached", "uncached"):
+            assert len(r["seconds"][side]) == len(r["cpu_seconds"][side]) == 2
+            assert r[f"{side}_tokens_per_sec"] == pytest.approx(
+                24 / statistics.median(r["seconds"][side]))
+        ratios = [u / c for u, c in zip(r["seconds"]["uncached"], r["seconds"]["cached"])]
+        assert r["ratio"] == pytest.approx(sum(ratios) / 2)
+        assert f"{r['config']} (context {r['context']}, slide {r['slide']}): uncached" in \
+            proc.stdout
+    assert report["target"] == {"min_ratio": 3.0, "context": 256, "met": True}
+    assert proc.returncode == 0
+    assert "PASS  same text True (no run inside a context of 256" in proc.stdout
+    assert re.search(r"\| tiny@32 \| 32 \| \d+ \| 1 \| False \| [\d.]+ \| [\d.]+ \| [\d.]+ \|",
+                     proc.stdout)
+    _png_size(out / "bench_generate.png")
+    logdir = str(out / "logs")
+    assert "| tiny@16 |" in summaries.read_text(logdir)["bench/generate"]
+    assert "bench_generate/tiny_16_slide8_ratio" in summaries.read_scalars(logdir)
+    assert summaries.read_image_tags(logdir) == ["bench/generate_plot"]

@@ -50,7 +50,8 @@ _EXPORTS = {
     "tfaccel.train.gpt": [
         "GPTConfig", "GPT_SIZES", "gpt_config", "build_gpt", "gpt_config_of", "with_recompute",
     ],
-    "tfaccel.train.generate": ["generate", "export_language_model", "load_language_model"],
+    "tfaccel.train.generate": ["generate", "generate_tokens", "export_language_model",
+                               "load_language_model"],
     "tfaccel.train.language_model": [
         "compile_language_model", "LanguageModelMetrics", "SampleLogger",
     ],

@@ -40,6 +40,7 @@ from tfaccel._compat.graphs import (
 from tfaccel._compat.keras3 import (
     is_keras3_functional,
     keras3_operations,
+    keras_hub_seeded_cache,
     last_learning_rate,
 )
 from tfaccel._compat.parallel import (
@@ -86,6 +87,7 @@ __all__ = [
     "takes_logs_as_tensors",
     "is_keras3_functional",
     "keras3_operations",
+    "keras_hub_seeded_cache",
     "last_learning_rate",
     "graph_calls",
     "run_call",

@@ -48,3 +48,15 @@ def last_learning_rate(optimizer):
         return float(np.asarray(optimizer.learning_rate))
     step = max(int(np.asarray(optimizer._iterations)) - 1, 0)
     return float(np.asarray(schedule(step)))
+
+
+def keras_hub_seeded_cache(causal_lm, token_ids):
+    """A KerasHub causal LM's key/value cache for `token_ids` `[batch, T]`, seeded by one
+    forward pass over them (what its `generate` starts from).
+
+    Relies on the private `CausalLM._build_cache(token_ids)` -> (hidden states, cache) that
+    KerasHub's text causal LMs (GPT-2, Llama, Mistral, Gemma, Qwen, ...) define for their
+    `generate_step`; the cache is then advanced with their public `call_with_cache`.
+    Checked: keras-hub 0.32.0 (GPT2CausalLM).
+    """
+    return causal_lm._build_cache(token_ids)[1]
