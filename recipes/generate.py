@@ -22,6 +22,11 @@ flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0: greedy).", lowe
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens only (0: all).",
                      lower_bound=0)
 flags.DEFINE_integer("seed", 0, "Seed of the sampling.")
+flags.DEFINE_bool("use_cache", True, "Decode with the model's key/value cache (--nouse_cache: "
+                  "the whole window for every token, the same text, to compare).")
+flags.DEFINE_integer("slide", 1, "Tokens a full window drops at once past the model's context "
+                     "(1: always the last context tokens; larger: fewer rebuilds of the cache).",
+                     lower_bound=1)
 
 
 def main(argv):
@@ -37,7 +42,7 @@ def main(argv):
     model, vocab = generate.load_language_model(FLAGS.model_dir)
     text = generate.generate(model, vocab, FLAGS.prompt, FLAGS.max_new_tokens,
                              temperature=FLAGS.temperature, top_k=FLAGS.top_k or None,
-                             seed=FLAGS.seed)
+                             seed=FLAGS.seed, use_cache=FLAGS.use_cache, slide=FLAGS.slide)
     print(FLAGS.prompt + text)
 
 

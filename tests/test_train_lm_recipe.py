@@ -91,6 +91,8 @@ def test_generate_recipe_continues_a_prompt_deterministically(short_run):
     assert first.stdout.startswith("The ") and first.stdout == second.stdout
     other = run_recipe("generate", *args[:-1], "--seed=4")
     assert other.returncode == 0 and other.stdout != first.stdout
+    uncached = run_recipe("generate", *args, "--nouse_cache")  # the same text, the long way
+    assert uncached.returncode == 0 and uncached.stdout == first.stdout
     bad = run_recipe("generate", f"--model_dir={model_dir}", "--prompt=naïve ☃")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "--tokenizer=byte" in bad.stderr
