@@ -22,11 +22,13 @@ import os
 import flagkit
 from fit_setup import (
     FitCallbacks,
+    auto_precision,
     compile_from_flags,
     fit_batch_size,
     fit_callbacks,
     memory_plan,
     model_flops,
+    print_utilization,
     utilization_metrics,
 )
 from flagkit import (
@@ -75,7 +77,7 @@ __all__ = [
     "Inputs", "input_from_flags", "lr_schedule", "run",
     # Re-exported: compiling and fitting from the flags (recipes/fit_setup.py).
     "compile_from_flags", "fit_batch_size", "FitCallbacks", "fit_callbacks", "memory_plan",
-    "model_flops", "utilization_metrics",
+    "model_flops", "utilization_metrics", "auto_precision", "print_utilization",
 ]
 
 

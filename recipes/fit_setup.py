@@ -68,6 +68,39 @@ def memory_plan(model, batch_size, policy, replicas, grad_accum_steps=None):
         device_memory=memory))
 
 
+def auto_precision(model, dataset, strategy, precision_name, policy, jit_compile, compile_fn,
+                   learning_rate, steps_per_epoch, replicas):
+    """--precision=auto / --jit_compile=auto: timed trials of `model` on `dataset` (within
+    --auto_budget_seconds), printed; (model under the chosen policy, policy, jit_compile,
+    the trials' `AutoChoice`), or what was given (and None) when neither flag is 'auto'.
+
+    `compile_fn(model, learning_rate, policy, jit_compile, grad_accum_steps)` compiles as the
+    recipe does."""
+    if "auto" not in (precision_name, jit_compile):
+        return model, policy, jit_compile, None
+    from tfaccel import summaries
+    from tfaccel.performance import trials
+    from tfaccel.train import precision
+
+    with strategy.scope():
+        choice = trials.auto_select(
+            model, dataset, FLAGS.batch_size,
+            precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
+            jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
+            compile_fn=lambda m, p, j: compile_fn(m, learning_rate, p, j,
+                                                  FLAGS.grad_accum_steps),
+            budget_seconds=FLAGS.auto_budget_seconds or "default",
+            steps_per_epoch=steps_per_epoch, batch_multiple=replicas * FLAGS.grad_accum_steps)
+    policy, jit_compile = choice.precision, choice.jit_compile
+    print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
+          f"auto chose precision {policy}, jit_compile {jit_compile} (trials "
+          f"{choice.seconds:.1f} s of a {choice.budget_seconds:.0f} s budget)")
+    precision.set_precision(policy)
+    with strategy.scope():
+        model = precision.apply_precision(model, policy)
+    return model, policy, jit_compile, choice
+
+
 def model_flops(model, policy, sequence_length=None, printer=print):
     """(training FLOPs per example of `model`'s traced step, the `doctor.Peak` of `policy`) for
     the throughput logger's MFU; (None, peak) with a line saying why when the step cannot be
@@ -92,6 +125,12 @@ def utilization_metrics(throughput, flops):
     last = throughput.history[-1] if throughput.history else {}
     return {"mfu": last.get("mfu"), "training_flops_per_example": flops_per_example,
             "peak_flops_per_second": peak.flops_per_second, "peak": peak.how}
+
+
+def print_utilization(metrics):
+    """The run's `utilization:` line (MFU and the peak it divides by), when it has one."""
+    if metrics.get("mfu") is not None:
+        print(f"utilization: {metrics['mfu']:.1%} MFU of {metrics['peak']}")
 
 
 def fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch=None, printer=print,

@@ -140,25 +140,9 @@ def main(argv):
     train_ds, val_ds, test_ds = inputs.train, inputs.validation, inputs.test
     updates_per_epoch = inputs.steps_per_epoch * fit_batch // FLAGS.batch_size  # Keras 3: fewer
     schedule = common.lr_schedule(learning_rate, max(1, updates_per_epoch))
-    choice = None
-    if "auto" in (precision_name, jit_compile):  # short timed trials on this model and data
-        with strategy.scope():
-            choice = trials.auto_select(
-                model, train_ds, FLAGS.batch_size,
-                precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
-                jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
-                compile_fn=lambda m, p, j: common.compile_from_flags(
-                    m, learning_rate, p, j, FLAGS.grad_accum_steps),
-                budget_seconds=FLAGS.auto_budget_seconds or "default",
-                steps_per_epoch=inputs.steps_per_epoch,
-                batch_multiple=replicas * FLAGS.grad_accum_steps)
-        policy, jit_compile = choice.precision, choice.jit_compile
-        print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
-              f"auto chose precision {policy}, jit_compile {jit_compile} (trials "
-              f"{choice.seconds:.1f} s of a {choice.budget_seconds:.0f} s budget)")
-        precision.set_precision(policy)
-        with strategy.scope():
-            model = precision.apply_precision(model, policy)
+    model, policy, jit_compile, choice = common.auto_precision(  # timed trials, if asked
+        model, train_ds, strategy, precision_name, policy, jit_compile,
+        common.compile_from_flags, learning_rate, inputs.steps_per_epoch, replicas)
     with strategy.scope():  # variables (optimizer slots, metrics) must live in the strategy
         common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
     unsplit = getattr(model, "placed", model)  # --parallel: the functional model (same weights)
@@ -247,8 +231,7 @@ def main(argv):
         resume.remove_backup(backup_dir)
     print(f"\n{metrics['model']} on {FLAGS.dataset}: test accuracy {test['accuracy']:.4f} "
           f"(loss {test['loss']:.4f}) after {FLAGS.epochs} epochs in {train_seconds:.1f}s")
-    if metrics["mfu"] is not None:
-        print(f"utilization: {metrics['mfu']:.1%} MFU of {metrics['peak']}")
+    common.print_utilization(metrics)
     print(f"wrote {model_dir}: model.keras, saved_model/, metrics.json, checkpoints/, logs/")
     print(f"inspect: {summaries.tensorboard_command(logdir)}")
 

@@ -44,7 +44,7 @@ def main(argv):
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, plan, trials
+    from tfaccel.performance import accumulate, plan
     from tfaccel.train import generate, gpt, language_model, precision, resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -106,24 +106,9 @@ def main(argv):
     data_epoch = resume.EpochCounter()  # epoch k's windows are the same after a resume
     inputs = lm_common.lm_inputs(splits, length, strategy, epoch=data_epoch.epoch)
     schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
-    choice = None
-    if "auto" in (precision_name, jit_compile):
-        with strategy.scope():
-            choice = trials.auto_select(
-                model, inputs.train, FLAGS.batch_size,
-                precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
-                jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
-                compile_fn=lambda m, p, j: lm_common.compile_from_flags(
-                    m, learning_rate, p, j, FLAGS.grad_accum_steps),
-                budget_seconds=FLAGS.auto_budget_seconds or "default",
-                steps_per_epoch=inputs.steps_per_epoch,
-                batch_multiple=replicas * FLAGS.grad_accum_steps)
-        policy, jit_compile = choice.precision, choice.jit_compile
-        print(f"precision/XLA trials:\n{summaries.markdown_table(list(choice.table))}\n"
-              f"auto chose precision {policy}, jit_compile {jit_compile}")
-        precision.set_precision(policy)
-        with strategy.scope():
-            model = precision.apply_precision(model, policy)
+    model, policy, jit_compile, choice = common.auto_precision(  # timed trials, if asked
+        model, inputs.train, strategy, precision_name, policy, jit_compile,
+        lm_common.compile_from_flags, learning_rate, inputs.steps_per_epoch, replicas)
     with strategy.scope():
         lm_common.compile_from_flags(model, schedule, policy, jit_compile, FLAGS.grad_accum_steps)
     unsplit = getattr(model, "placed", model)  # --parallel: the functional model (same weights)
@@ -208,8 +193,7 @@ def main(argv):
           + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
     if sample:
         print(f"sample: {FLAGS.prompt + sample!r}")
-    if metrics["mfu"] is not None:
-        print(f"utilization: {metrics['mfu']:.1%} MFU of {metrics['peak']}")
+    common.print_utilization(metrics)
     print(f"wrote {model_dir}: model.keras, vocabulary.json, metrics.json, checkpoints/, logs/")
     print(f"inspect: {summaries.tensorboard_command(logdir)}")
 

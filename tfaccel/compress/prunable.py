@@ -375,8 +375,14 @@ def _nothing_to_prune_fix(reasons, min_weights):
              "< min_weights": f"lower min_weights (now {min_weights})",
              "sparsity needs": "drop m_by_n", "sparsity groups": "drop m_by_n",
              "not kernels of a layer": _OPT_IN.replace("give the layer", "give a custom layer")}
+    return ways_out(reasons, fixes, f"give a model with kernels to prune, or {_OPT_IN}")
+
+
+def ways_out(reasons, fixes, otherwise):
+    """The fixes ({phrase in a reason: fix}) that match why kernels stayed dense, joined with
+    'or', each once; `otherwise` when none matches. Shared by both pruning planners."""
     found = list(dict.fromkeys(fix for key, fix in fixes.items() if any(key in r for r in reasons)))
-    return ", or ".join(found) if found else f"give a model with kernels to prune, or {_OPT_IN}"
+    return ", or ".join(found) if found else otherwise
 
 
 # ---------------------------------------------------------------- models being pruned

@@ -32,6 +32,7 @@ from tfaccel.choices import (
     check_pruning_epochs,
     check_sparsity,
 )
+from tfaccel.compress.prunable import ways_out
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import (
     ensure_tf_keras,
@@ -344,5 +345,4 @@ def _nothing_to_prune_fix(reasons, config):
              "< min_weights": f"lower min_weights (now {config.min_weights})",
              "xnnpack policy": "drop policy='xnnpack'",
              "sparsity needs": "drop m_by_n or pick one whose n divides the input channels"}
-    found = [fix for key, fix in fixes.items() if any(key in r for r in reasons)]
-    return ", or ".join(found) if found else "give a model with Conv/Dense kernels to prune"
+    return ways_out(reasons, fixes, "give a model with Conv/Dense kernels to prune")
