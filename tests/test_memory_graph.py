@@ -67,3 +67,12 @@ def test_keras_hub_models_are_plannable_at_a_sequence_length():
     assert lm > cls + 16 * 32 * 1000 * 4 * 0.9
     with pytest.raises(ConfigError, match="sequence_length="):
         plan.plan_memory(bert, batch_size=16)
+
+
+def test_dropout_keeps_its_mask_a_byte_per_value():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16),
+                              keras.layers.Dropout(0.5), keras.layers.Dense(4)])
+    # the input (8 floats), the dropped-out values the last kernel's gradient reads (16),
+    # the output (4), and the boolean mask (16 bytes) made from random numbers, not the input
+    assert memory_graph.traced_profile(model).layers[0].activation_bytes == \
+        4 * (8 + 16 + 4) + 16

@@ -4,8 +4,8 @@
 3, KerasHub, custom layers): forward pass, a loss, the gradients. The tensors that
 live across the forward/backward boundary are the forward-pass tensors that
 gradient ops read: these are what the backward pass keeps. Their bytes are summed
-from the static shapes (only tensors that depend on the inputs: the weights and
-their casts are the plan's model states). Traced at two small batch sizes, the
+from the static shapes (not the weights and their casts: they are the plan's model
+states; dropout's masks count). Traced at two small batch sizes, the
 difference is the per-example part and the rest the fixed part, so the plan scales
 to any batch. Nothing is run: a trace of a small model takes a second or two.
 
@@ -50,13 +50,15 @@ def _bytes(tensor):
     return size * tensor.dtype.size
 
 
-def _input_dependent(graph, inputs):
-    """Names of the tensors of `graph` computed from `inputs` (placeholders)."""
-    reached = {t.name for t in inputs}
-    for op in graph.get_operations():  # in creation order: producers before consumers
-        if any(t.name in reached for t in op.inputs):
-            reached.update(t.name for t in op.outputs)
-    return reached
+def _weight_derived(ops):
+    """Names of the tensors among `ops` computed from the variables alone (their reads, the
+    casts of mixed precision): model states, not activations."""
+    derived = set()
+    for op in ops:  # in creation order: producers before consumers
+        inputs = [t for t in op.inputs if t.op.type != "Const"]
+        if op.type == "ReadVariableOp" or (inputs and all(t.name in derived for t in inputs)):
+            derived.update(t.name for t in op.outputs)
+    return derived
 
 
 _VIEWS = ("Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snapshot")
@@ -70,20 +72,22 @@ def _buffer(tensor):
     return tensor
 
 
-def saved_tensors(graph, inputs):
-    """{name: bytes} of the forward tensors of `graph` that its gradient ops read and that
-    depend on `inputs`: what the backward pass keeps alive (a view counted as its buffer)."""
-    dependent = _input_dependent(graph, inputs)
+def saved_tensors(graph):
+    """{name: bytes} of the forward tensors of `graph` that its gradient ops read: what the
+    backward pass keeps alive (a view counted as its buffer; constants and tensors made from
+    the variables alone left to the model states). Dropout's masks count: they are made
+    from random numbers of the activation's shape, not from the inputs."""
     ops = graph.get_operations()
     # the backward pass is every op made from the tape's first gradient op on (in creation
     # order), including forward ops a recomputed block makes again inside it
     start = next((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
                  len(ops))
     forward = {op.name for op in ops[:start]}
+    states = _weight_derived(ops[:start])
     kept = {}
     for op in ops[start:]:
         for t in op.inputs:
-            if t.op.name not in forward or t.name not in dependent:
+            if t.op.name not in forward or t.op.type == "Const" or t.name in states:
                 continue
             t = _buffer(t)
             kept[t.name] = _bytes(t)
@@ -93,8 +97,8 @@ def saved_tensors(graph, inputs):
 def saved_bytes(model, batch_size, sequence_length=None):
     """(bytes the backward pass keeps, bytes of its largest kept tensor) for one training
     step of `model` at `batch_size` (traced, not run)."""
-    graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
-    kept = saved_tensors(graph, inputs)
+    graph, _ = utilization.traced_step(model, batch_size, sequence_length, loss="square")
+    kept = saved_tensors(graph)
     return sum(kept.values()), max(kept.values(), default=0)
 
 
