@@ -314,7 +314,10 @@ def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     assert recomputed["recompute"] and not plain["recompute"]
     assert recomputed["measured_peak"] < plain["measured_peak"]  # float32, yet recomputed
     assert proc.returncode == (0 if report["met"] else 1)
-    assert report["met"] == all(0.85 <= r["ratio"] <= 1.15 for r in rows.values())
+    ratios = [r["ratio"] for r in rows.values()]
+    assert report["met"] == (all(0.8 <= x <= 1.2 for x in ratios)
+                             and sum(0.85 <= x <= 1.15 for x in ratios) >= 0.85 * len(ratios))
+    assert all(r["method"] in ("graph", "closed form") for r in rows.values())
     width, height = _png_size(out / "bench_memory.png")
     assert width > 0 and height > 0
     logdir = str(out / "logs")

@@ -158,3 +158,57 @@ def test_cli_a_model_file_that_does_not_load(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_cli_context_is_the_models_maximum_and_sequence_length_what_a_step_trains_on():
+    proc = _cli("--model=gpt", "--context=256", "--sequence_length=64", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    at_64 = memory_profile.profile_transformer(4, 128, 4, 256, 64, context=256, half=False)
+    short = plan.plan_memory(at_64, plan.PlanSettings(batch_size=32))
+    assert out["parameters"] == at_64.parameters  # 256 rows of position embedding
+    assert out["breakdown"]["activations"] == short.breakdown["activations"]  # 64 tokens
+    long = memory_profile.profile_transformer(4, 128, 4, 256, 256, half=False)
+    assert long.parameters == at_64.parameters and long.activation_bytes() > \
+        3 * at_64.activation_bytes()
+    assert "closed form" in out["method"]
+    proc = _cli("--model=gpt", "--context=64", "--sequence_length=128")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("error: --sequence_length=128 is longer than --context=64: "
+                                   "a step trains on at most the model's context")
+
+
+def test_an_encoder_keeps_no_language_model_logits():
+    vocab, s = 30000, 128
+    decoder = memory_profile.profile_transformer(2, 128, 4, vocab, s, half=False)
+    encoder = memory_profile.profile_transformer(2, 128, 4, vocab, s, half=False, encoder=True,
+                                                 num_classes=3)
+    assert decoder.activation_bytes() - encoder.activation_bytes() > 4 * s * vocab - 4096
+    assert encoder.parameters == decoder.parameters + 128 * 128 + 128 + 128 * 3 + 3
+    assert "encoder" in encoder.method
+    proc = _cli("--model=bert", "--sequence_length=64", "--json")
+    assert proc.returncode == 0 and "encoder" in json.loads(proc.stdout)["method"]
+
+
+def test_cli_a_zoo_model_is_planned_from_its_traced_step_and_says_so():
+    proc = _cli("--model=mlp", "--batch_size=64")
+    assert proc.returncode == 0, proc.stderr
+    assert "activations from: graph (the traced train step at batches 2 and 4)" in proc.stdout
+
+
+def test_cli_measure_needs_a_model_to_run():
+    proc = _cli("--model=gpt", "--measure")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "--measure needs a model to run" in proc.stderr
+
+
+def test_measure_returns_the_measured_and_the_planned_number_with_their_methods():
+    result = plan.plan_memory("mlp", batch_size=256, input_shape=(8, 8, 1), num_classes=10,
+                              input_batches=1, measure=True)
+    c = result.measured
+    assert set(c.peaks) == {8, 16} and c.peaks[16] > c.peaks[8] > 0
+    assert c.predicted == round(c.fixed + 256 * c.per_example)
+    assert c.method.startswith("measured") and result.method.startswith("graph")
+    assert 0.5 < result.total / c.predicted < 2
+    text = plan.format_plan(result)
+    assert "measured:" in text and "activations from: graph" in text

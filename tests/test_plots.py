@@ -110,3 +110,22 @@ def test_plotting_leaves_the_callers_matplotlib_backend_alone(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["svg", "False"]
     assert _image(tmp_path / "p.png").size == _pixels((4, 3.2))
+
+
+def test_memory_plot_keeps_its_largest_label_inside_the_figure(monkeypatch):
+    from tfaccel import plots
+
+    kept = {}
+    monkeypatch.setattr(plots, "png_bytes", lambda fig: kept.setdefault("fig", fig) and b"")
+    bars = [("a run with a long label, grad_accum_steps=4, recompute=True",
+             {"activations": 123_456_789_012, "weights (float32)": 9_876_543_210}),
+            ("b", {"activations": 1_000})]
+    plots.plot_memory(bars, None, "memory plan")
+    fig = kept["fig"]
+    renderer = fig.canvas.get_renderer()
+    width = fig.get_window_extent(renderer).x1
+    ax = fig.axes[0]
+    assert all(t.get_window_extent(renderer).x1 <= ax.get_window_extent(renderer).x1
+               for t in ax.texts)
+    assert all(t.get_window_extent(renderer).x1 <= width for t in ax.texts)
+    assert all(t.get_window_extent(renderer).x0 >= 0 for t in ax.get_yticklabels())

@@ -70,26 +70,32 @@ def _device_memory(text):
 
 
 def _plan_profile(args):
-    """The `MemoryProfile` --model names: gpt (by size, nothing built), a zoo name, a file."""
+    """What --model names: a `MemoryProfile` for gpt and bert (by size, nothing built, in
+    milliseconds), else the zoo name or file the plan builds and traces."""
 
-    if args.model == "gpt":
+    if args.model in ("gpt", "bert"):
+        if args.measure:
+            raise ConfigError(f"--measure needs a model to run: --model={args.model} is planned "
+                              "from its size (give a zoo name or a .keras file to measure)")
         layers, heads, d_model, context = memory_profile.GPT_SIZES[args.gpt_size]
+        # without --context, a --sequence_length sets it too (a model made for that length)
+        context = args.context or args.sequence_length or context
+        length = args.sequence_length or context
+        if length > context:
+            raise ConfigError(f"--sequence_length={length} is longer than --context={context}: "
+                              "a step trains on at most the model's context")
         return memory_profile.profile_transformer(
             args.gpt_layers or layers, args.gpt_d_model or d_model, args.gpt_heads or heads,
-            args.vocab_size, args.sequence_length or context, tied=not args.untied,
-            half=args.precision != "float32")
+            args.vocab_size, length, tied=not args.untied, half=args.precision != "float32",
+            context=context, encoder=args.model == "bert", num_classes=args.num_classes,
+            name=args.model)
     if args.model not in MODELS and not os.path.isfile(args.model):
-        raise SystemExit(_bad(f"--model={args.model}: not gpt, a zoo model "
+        raise SystemExit(_bad(f"--model={args.model}: not gpt, bert, a zoo model "
                               f"({', '.join(MODELS)}) or an existing .keras/.h5 file"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     import_tensorflow()
-
-    try:
-        return memory_profile.profile_of(args.model, args.input_shape, args.num_classes,
-                                         args.precision)
-    except TfaccelError as e:
-        raise SystemExit(_bad(str(e))) from None
+    return args.model
 
 
 def _bad(message):
@@ -105,8 +111,11 @@ def _plan(args):
         device_memory=args.device_memory)
     try:
         settings.checked()
-        result = plan.plan_memory(_plan_profile(args), settings)
-    except ConfigError as e:
+        result = plan.plan_memory(_plan_profile(args), settings, input_shape=args.input_shape,
+                                  num_classes=args.num_classes,
+                                  sequence_length=args.sequence_length, method=args.method,
+                                  measure=args.measure)
+    except TfaccelError as e:
         return _bad(str(e))
     print(json.dumps(result.to_json(), indent=2) if args.json else plan.format_plan(result))
     return 0
@@ -115,15 +124,25 @@ def _plan(args):
 def _add_plan_parser(sub):
     p = sub.add_parser("plan", help="will this model train on this device? memory per device, "
                        "verdict, changes that fit")
-    p.add_argument("--model", default="cnn", help="gpt (described by size), a zoo model, or a "
-                   ".keras/.h5 file")
+    p.add_argument("--model", default="cnn", help="gpt or bert (a decoder or an encoder "
+                   "described by size), a zoo model, or a .keras/.h5 file (traced)")
     p.add_argument("--input_shape", type=_shape, default=(8, 8, 1),
                    help="a zoo model's input (default: digits, 8,8,1)")
     p.add_argument("--num_classes", type=_positive_int, default=10)
     p.add_argument("--gpt_size", default="tiny", choices=tuple(GPT_SIZES),
-                   help="a named decoder size; --gpt_* and --sequence_length override it")
-    for name in ("gpt_layers", "gpt_heads", "gpt_d_model", "sequence_length"):
+                   help="a named size for gpt/bert; --gpt_* and --context override it")
+    for name in ("gpt_layers", "gpt_heads", "gpt_d_model"):
         p.add_argument(f"--{name}", type=_positive_int, default=None)
+    p.add_argument("--context", type=_positive_int, default=None,
+                   help="gpt/bert: the model's maximum length (its position embedding)")
+    p.add_argument("--sequence_length", type=_positive_int, default=None,
+                   help="the length a step trains on (gpt/bert: default the context); a "
+                   "model file's variable-length input is traced at it")
+    p.add_argument("--method", default="graph", choices=("graph", "layers"),
+                   help="a built model's activations: from the traced train step (graph) or "
+                   "its layers' output shapes")
+    p.add_argument("--measure", action="store_true",
+                   help="also run two small batches in a fresh process and scale the peaks")
     p.add_argument("--vocab_size", type=_positive_int, default=256)
     p.add_argument("--untied", action="store_true", help="a separate output projection")
     p.add_argument("--batch_size", type=_positive_int, default=32, help="examples per device")

@@ -233,4 +233,20 @@ def plot_memory(bars, path=None, title="memory", device_memory=None):
     ax.set_xlabel(f"{unit} (10^{9 if unit == 'GB' else 6} bytes)")
     ax.set_title(title, fontsize=8 if len(title) > 70 else 10)
     ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    _fit_texts(ax)
     return save_png(fig, path) if path else png_bytes(fig)
+
+
+def _fit_texts(ax):
+    """Widens `ax`'s x range until every text drawn in it (the totals at the bars' ends, the
+    largest one last) ends inside the axes."""
+    renderer = ax.figure.canvas.get_renderer()
+    for _ in range(3):  # widening shrinks nothing, but a label's data width changes with it
+        right = max((t.get_window_extent(renderer).x1 for t in ax.texts), default=0)
+        edge = ax.get_window_extent(renderer).x1
+        if right <= edge:
+            return
+        lo, hi = ax.get_xlim()
+        ax.set_xlim(lo, hi + (hi - lo) * (right - edge) / max(1.0, edge - ax.get_window_extent(
+            renderer).x0) * 1.1)

@@ -283,3 +283,26 @@ class PeakMemoryLogger(EpochScalarLogger):
 
     def epoch_values(self, epoch):
         return peak_memory_mb(self._devices)
+
+
+def training_peak_bytes(step, steps=3, warmup=2, device=None):
+    """Peak bytes TensorFlow's allocator held while `step()` (one training step) ran `steps`
+    times, after `warmup` runs (traced, variables and slots made).
+
+    Reads the allocator's own statistics (`tf.config.experimental.get_memory_info`): on a
+    CPU they exist under the pooled host allocator (`use_pooled_host_allocator`, set before
+    the first op) or oneDNN's. The order in which TensorFlow runs independent ops differs
+    between runs, and so does the peak: take the largest of a few processes for a bound.
+
+    Args:
+      step: a callable running one training step (e.g. ``lambda: model.fit(ds, steps_per_epoch
+        =1, verbose=0)``, or a `tf.function`).
+      device: 'GPU:0' or 'CPU:0'; default: the first GPU, else the CPU.
+    """
+    device = device or ("GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0")
+    for _ in range(warmup):
+        step()
+    tf.config.experimental.reset_memory_stats(device)
+    for _ in range(steps):
+        step()
+    return int(tf.config.experimental.get_memory_info(device)["peak"])

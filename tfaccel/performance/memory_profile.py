@@ -71,6 +71,9 @@ class MemoryProfile:
       input_bytes: one example's input, as fed (float32 images, int32 tokens).
       half_activations: whether `activation_bytes` were computed for 16-bit activations.
       recompute_unit: what recomputation recomputes ('block' for Transformers, 'layer').
+      fixed_activation_bytes: activations kept whatever the batch (a traced step's fit).
+      method: where the activations came from: the model's layers, a closed form, or the
+        graph of the traced training step (`tfaccel.performance.memory_graph`).
     """
 
     name: str
@@ -80,6 +83,8 @@ class MemoryProfile:
     input_bytes: int
     half_activations: bool = False
     recompute_unit: str = "layer"
+    fixed_activation_bytes: int = 0
+    method: str = "layers (each layer's output shapes)"
 
     @property
     def parameters(self):
@@ -266,28 +271,40 @@ def profile_zoo_model(name, input_shape, num_classes, precision="float32"):
     return profile_keras_model(model)
 
 
+def built_model(model, input_shape=None, num_classes=None, precision="float32"):
+    """`model` built: a model as it is, a zoo name (with `input_shape` and `num_classes`) or
+    a .keras/.h5 file, built under `precision`.
+
+    Raises:
+      ModelError: a zoo name without its input shape.
+    """
+    if not isinstance(model, str):
+        return model
+    from tfaccel.train import models, precision as precisions  # deferred: TensorFlow
+
+    if model in MODELS:
+        if input_shape is None or num_classes is None:
+            raise ModelError(f"zoo model {model!r}: give input_shape and num_classes")
+        with precisions.precision_scope(precision):
+            return models.build_model(model, tuple(input_shape), num_classes)
+    with precisions.precision_scope(precision):
+        loaded = models.load_model_file(model)
+        if precision != "float32":
+            loaded = precisions.apply_precision(loaded, precision)
+    return loaded
+
+
 def profile_of(model, input_shape=None, num_classes=None, precision="float32"):
-    """A `MemoryProfile` of `model`: a profile already, a built tf_keras model, a zoo name
-    (with `input_shape` and `num_classes`) or a .keras/.h5 file (built under `precision`).
+    """A `MemoryProfile` of `model` from its layers: a profile already, a built tf_keras
+    model, a zoo name (with `input_shape` and `num_classes`) or a .keras/.h5 file (built
+    under `precision`).
 
     Raises:
       ModelError: a zoo name without its input shape, or a model that cannot be profiled.
     """
     if isinstance(model, MemoryProfile):
         return model
-    if isinstance(model, str):
-        if model in MODELS:
-            if input_shape is None or num_classes is None:
-                raise ModelError(f"zoo model {model!r}: give input_shape and num_classes")
-            return profile_zoo_model(model, input_shape, num_classes, precision)
-        from tfaccel.train import models, precision as precisions  # deferred: TensorFlow
-
-        with precisions.precision_scope(precision):
-            loaded = models.load_model_file(model)
-            if precision != "float32":
-                loaded = precisions.apply_precision(loaded, precision)
-        return profile_keras_model(loaded)
-    return profile_keras_model(model)
+    return profile_keras_model(built_model(model, input_shape, num_classes, precision))
 
 
 def transformer_parameters(layers, d_model, vocab_size, sequence_length, tied=True):
@@ -302,7 +319,8 @@ def transformer_parameters(layers, d_model, vocab_size, sequence_length, tied=Tr
 
 
 def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tied=True,
-                        half=True, dropout=0.0, context=None, name="gpt"):
+                        half=True, dropout=0.0, context=None, name="gpt", encoder=False,
+                        num_classes=2):
     """A `MemoryProfile` of a decoder-only Transformer from its size (nothing is built).
 
     Per example (one sequence of s = `sequence_length` tokens; `context`, default s, is
@@ -318,6 +336,11 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     block's backward transient is the gradient of its largest tensor (``max(a s^2, 4 s
     h)``). After the blocks: the loss's float32 gradient of the logits (``s V``) and the
     final LayerNorm's tensors (``8 s h`` bytes in float32, ``12 s h`` in 16-bit).
+
+    An `encoder` (BERT-style: attention over the whole sequence, which keeps the same
+    tensors) has no language-model head: the first token is pooled (a ``h x h`` Dense)
+    into a classifier of `num_classes`, so no ``s V`` logits are kept, only the final
+    LayerNorm's tensors and the pooled vectors.
 
     Raises:
       ConfigError: a size that is not positive, or `d_model` not divisible by `heads`.
@@ -347,4 +370,13 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     # layer's float32 cast of its output)
     head_bytes = 4 * s * v + (12 if half else 8) * s * h
     logits = LayerMemory("logits", head, head_bytes, 4 * s * v, 4 * s * v)
-    return MemoryProfile(name, (embed, *blocks, logits), total, 0, 4 * s, half, "block")
+    method = "closed form (Transformer formulas, nothing built)"
+    if encoder:
+        c = int(num_classes)
+        head = 2 * h + h * h + h + h * c + c  # final LayerNorm, pooler, classifier
+        total += head - (2 * h + (0 if tied else v * h))
+        head_bytes = (12 if half else 8) * s * h + 3 * 4 * h + 4 * c
+        logits = LayerMemory("classifier", head, head_bytes, width * s * h, width * s * h)
+        method = "closed form (Transformer encoder formulas, nothing built)"
+    return MemoryProfile(name, (embed, *blocks, logits), total, 0, 4 * s, half, "block",
+                         method=method)

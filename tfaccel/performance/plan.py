@@ -180,6 +180,8 @@ class MemoryPlan:
     headroom: object  # device memory (less the margin) minus total, or None
     suggestions: tuple = ()
     pipeline_devices: object = None  # {card GiB: stages that fit} when it does not fit
+    method: str = ""  # where the activations came from (the profile's method)
+    measured: object = None  # a `Calibration` when measured, else None
 
     def to_json(self):
         out = dataclasses.asdict(self)
@@ -232,7 +234,7 @@ def stage_breakdown(profile, layers, s, first):
     in_flight = s.micro_batches if s.stages > 1 else 1
     # a profile made for one precision, planned in the other: activations scale with the dtype
     scale = 1.0 if half == profile.half_activations else (0.5 if half else 2.0)
-    if s.recompute:
+    if s.recompute and profile.recompute_unit != "step":  # a traced step is what it is
         boundary = sum(layer.recompute_boundary_bytes or layer.output_bytes for layer in layers)
         biggest = max((layer.activation_bytes for layer in layers), default=0)
         activations = micro * (in_flight * boundary + biggest)
@@ -247,7 +249,8 @@ def stage_breakdown(profile, layers, s, first):
         "16-bit weight casts": 2 * params if half else 0,
         "accumulated gradients": 4 * int(trainable) if s.grad_accum_steps > 1 else 0,
         "all-reduce buffer": 4 * int(trainable) if s.replicas > 1 else 0,
-        "activations": int(scale * activations),
+        "activations": int(scale * (activations + (profile.fixed_activation_bytes
+                                                   if first else 0))),
         "backward transients": int(scale * transient),
         "input batches": s.input_batches * s.batch_size * profile.input_bytes
         if first else 0,
@@ -392,21 +395,43 @@ def plan_memory(profile, settings=None, **kwargs):
     """
 
     shape, classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
+    sequence_length = kwargs.pop("sequence_length", None)
+    method, measure = kwargs.pop("method", "graph"), kwargs.pop("measure", False)
     settings = settings or PlanSettings(**kwargs)
+    if method not in ("graph", "layers"):
+        raise ConfigError(f"method={method!r}: use 'graph' (the traced train step) or 'layers'")
+    model, given = None, profile
     if not isinstance(profile, memory_profile.MemoryProfile):
         settings.checked()  # bad settings are reported before a model is built
-    profile = memory_profile.profile_of(profile, shape, classes, settings.precision)
+        model = memory_profile.built_model(profile, shape, classes, settings.precision)
+        # a pipeline splits the model's layers, so it is priced layer by layer
+        if method == "graph" and settings.stages == 1:
+            from tfaccel.performance import memory_graph  # deferred: TensorFlow
+
+            profile = memory_graph.traced_profile(model, sequence_length)
+        else:
+            profile = memory_profile.profile_of(model)
+    if measure and model is None:
+        raise ConfigError("measure=True needs a model (a file or a zoo name), not a "
+                          f"profile of {profile.name!r}: nothing to run")
     s = settings.checked(num_layers=len(profile.layers))
     parts = breakdown(profile, s)
     total = sum(parts.values())
+    measured = None
+    if measure:
+        from tfaccel.performance import calibrate  # deferred: a subprocess running TensorFlow
+
+        measured = calibrate.measure_memory(given if isinstance(given, str) else model, s,
+                                            shape, classes, sequence_length)
     if s.device_memory is None:
-        return MemoryPlan(profile.name, profile.parameters, s, parts, total, None, None)
+        return MemoryPlan(profile.name, profile.parameters, s, parts, total, None, None,
+                          method=profile.method, measured=measured)
     headroom = _usable(s) - total
     fits = headroom >= 0
     suggestions = () if fits else _suggestions(profile, s)
     needed = None if fits else pipeline_devices(profile, s)
     return MemoryPlan(profile.name, profile.parameters, s, parts, total, fits, headroom,
-                      suggestions, needed)
+                      suggestions, needed, profile.method, measured)
 
 
 def _gb(n):
@@ -425,6 +450,16 @@ def format_plan(result):
     lines += [f"| {k} | {_gb(v)} |" for k, v in result.breakdown.items() if v]
     lines.append(f"| (model states, of the rows above) | {_gb(states)} |")
     lines.append(f"| **total** | **{_gb(result.total)}** |")
+    if result.method:
+        lines += ["", f"activations from: {result.method}"]
+    c = result.measured
+    if c is not None:
+        peaks = ", ".join(f"batch {b}: {_gb(p)}" for b, p in c.peaks.items())
+        lines += [f"measured: {_gb(c.predicted)} at batch {c.batch_size} ({c.method}; {peaks}; "
+                  f"{_gb(c.fixed)} fixed + {_gb(c.per_example)} per example); planned "
+                  f"{_gb(result.total)}, ratio {result.total / max(1, c.predicted):.2f}. "
+                  "Trust the measured number on this machine (it sees backend workspaces, "
+                  "e.g. oneDNN's convolution buffers); the planned one for another device."]
     if result.fits is None:
         return "\n".join(lines)
     device = s.device_memory

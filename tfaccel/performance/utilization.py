@@ -66,12 +66,31 @@ def training_flops_per_example(model, batch_size=2, sequence_length=None):
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size={batch_size}: trace at least one example")
+    try:
+        graph, _ = traced_step(model, int(batch_size), sequence_length)
+    except ModelError as e:
+        raise ModelError(f"{e} (to count its FLOPs)") from None
+    return _compat.graph_float_ops(graph) / int(batch_size)
+
+
+def traced_step(model, batch_size, sequence_length=None, loss="sum"):
+    """(graph, input placeholders) of one training step of `model` (forward pass, a loss,
+    the gradients of the trainable variables), traced at `batch_size`, not run.
+
+    `loss`: 'sum' (the sum of the outputs: gradients flow through every layer, and the
+    loss keeps nothing) or 'square' (the sum of the squared outputs in float32: it keeps a
+    float32 copy of the outputs, as a cross-entropy keeps its gradient of the logits).
+    Integer inputs (token ids) are traced as placeholders too.
+
+    Raises:
+      ConfigError / ModelError: one line naming the problem and the fix.
+    """
     specs = input_specs(model, int(batch_size), sequence_length)
     variables = model.trainable_variables
     if is_keras3_object(model):
         variables = [getattr(v, "value", v) for v in variables]
-
     structure = getattr(model, "input", None)
+    reduce = (lambda t: tf.reduce_sum(tf.square(t))) if loss == "square" else tf.reduce_sum
 
     @tf.function(autograph=False)
     def step(*inputs):
@@ -79,16 +98,15 @@ def training_flops_per_example(model, batch_size=2, sequence_length=None):
             x = tf.nest.pack_sequence_as(structure, list(inputs)) if len(inputs) > 1 \
                 else inputs[0]
             outputs = model(x, training=True)
-            loss = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32))
-                             for t in tf.nest.flatten(outputs)])
-        return tape.gradient(loss, variables)
+            total = tf.add_n([reduce(tf.cast(t, tf.float32)) for t in tf.nest.flatten(outputs)])
+        return tape.gradient(total, variables)
 
     try:
         graph = step.get_concrete_function(*specs).graph
     except (TypeError, ValueError) as e:
-        raise ModelError(f"cannot trace a training step of {model.name!r} to count its FLOPs: "
+        raise ModelError(f"cannot trace a training step of {model.name!r}: "
                          f"{first_line(e)}") from None
-    return _compat.graph_float_ops(graph) / int(batch_size)
+    return graph, list(graph.inputs[:len(specs)])
 
 
 def mfu(examples_per_second, flops_per_example, peak):
