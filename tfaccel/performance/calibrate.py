@@ -98,8 +98,10 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
     read = json.loads(lines[-1][len("PEAKS "):])
     trainable = read.pop("trainable")
     peaks = {int(b): int(p) for b, p in read.items()}
-    per_example = (peaks[large] - peaks[small]) / (large - small)
-    fixed = int(round(peaks[small] - small * per_example))
+    # A smaller peak at the larger batch is the peaks' own spread (the order TensorFlow runs
+    # ops in) hiding a batch's small cost: no per-example part, the larger peak is fixed.
+    per_example = max(0.0, (peaks[large] - peaks[small]) / (large - small))
+    fixed = int(round(max(peaks.values()) - large * per_example))
     micro = max(1, settings.batch_size // settings.grad_accum_steps)
     accumulator = 0
     if settings.grad_accum_steps > 1:
