@@ -1,5 +1,6 @@
 """tfaccel.performance.memory_graph: the activations a traced training step keeps."""
 
+import hub_models
 import pytest
 import tf_keras as keras
 
@@ -44,14 +45,8 @@ def test_gpt_tiny_traced_matches_its_closed_form_within_2_percent():
 
 
 def _keras_hub_models():
-    keras_hub = pytest.importorskip("keras_hub")
-    gpt2 = keras_hub.models.GPT2CausalLM(backbone=keras_hub.models.GPT2Backbone(
-        vocabulary_size=1000, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=256,
-        max_sequence_length=64), preprocessor=None)
-    bert = keras_hub.models.BertTextClassifier(backbone=keras_hub.models.BertBackbone(
-        vocabulary_size=1000, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=256,
-        max_sequence_length=64), num_classes=3, preprocessor=None)
-    return gpt2, bert
+    return hub_models.gpt2_and_bert(vocabulary_size=1000, layers=2, heads=4, hidden=64,
+                                    intermediate=256, max_length=64, num_classes=3)
 
 
 def test_keras_hub_models_are_plannable_at_a_sequence_length():

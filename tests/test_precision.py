@@ -2,6 +2,7 @@
 
 Timing the settings against each other (auto selection) is tested in test_trials.py."""
 
+import hub_models
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -211,14 +212,7 @@ def test_hardware_advice():
 
 
 def _hub_models():
-    keras_hub = pytest.importorskip("keras_hub")
-    gpt2 = keras_hub.models.GPT2CausalLM(backbone=keras_hub.models.GPT2Backbone(
-        vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
-        max_sequence_length=16), preprocessor=None)
-    bert = keras_hub.models.BertTextClassifier(backbone=keras_hub.models.BertBackbone(
-        vocabulary_size=100, num_layers=1, num_heads=2, hidden_dim=32, intermediate_dim=64,
-        max_sequence_length=16), num_classes=2, preprocessor=None)
-    return gpt2, bert
+    return hub_models.gpt2_and_bert()
 
 
 def test_a_kerashub_model_built_under_the_policy_is_left_alone():

@@ -130,7 +130,7 @@ def _child(spec):
     import tensorflow as tf  # deferred: TensorFlow
 
     from tfaccel.keras import input_specs, is_keras3_object  # deferred: TensorFlow
-    from tfaccel.performance import memory_profile  # deferred: TensorFlow (models)
+    from tfaccel.performance import memory_profile, utilization  # deferred: TensorFlow
     from tfaccel.train import precision as precisions  # deferred: TensorFlow
 
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
@@ -142,11 +142,8 @@ def _child(spec):
     @tf.function(autograph=False)
     def train(*inputs):
         with tf.GradientTape() as tape:
-            x = tf.nest.pack_sequence_as(structure, list(inputs)) if len(inputs) > 1 \
-                else inputs[0]
-            outputs = model(x, training=True)
-            loss = tf.add_n([tf.reduce_mean(tf.square(tf.cast(t, tf.float32)))
-                             for t in tf.nest.flatten(outputs)])
+            loss = utilization.summed_outputs(model, structure, inputs,
+                                              lambda t: tf.reduce_mean(tf.square(t)))
         grads = tape.gradient(loss, [getattr(v, "value", v) for v in variables]
                               if is_keras3_object(model) else variables)
         opt.apply_gradients(zip(grads, variables))

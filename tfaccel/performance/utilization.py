@@ -95,10 +95,7 @@ def traced_step(model, batch_size, sequence_length=None, loss="sum"):
     @tf.function(autograph=False)
     def step(*inputs):
         with tf.GradientTape() as tape:
-            x = tf.nest.pack_sequence_as(structure, list(inputs)) if len(inputs) > 1 \
-                else inputs[0]
-            outputs = model(x, training=True)
-            total = tf.add_n([reduce(tf.cast(t, tf.float32)) for t in tf.nest.flatten(outputs)])
+            total = summed_outputs(model, structure, inputs, reduce)
         return tape.gradient(total, variables)
 
     try:
@@ -107,6 +104,15 @@ def traced_step(model, batch_size, sequence_length=None, loss="sum"):
         raise ModelError(f"cannot trace a training step of {model.name!r}: "
                          f"{first_line(e)}") from None
     return graph, list(graph.inputs[:len(specs)])
+
+
+def summed_outputs(model, structure, inputs, reduce=tf.reduce_sum):
+    """`model` called in training mode on `inputs` (packed as its input `structure` when it
+    takes several), its outputs reduced to one float32 scalar: the stand-in loss of a traced
+    or measured step (the gradients flow through every layer as in training)."""
+    x = tf.nest.pack_sequence_as(structure, list(inputs)) if len(inputs) > 1 else inputs[0]
+    outputs = model(x, training=True)
+    return tf.add_n([reduce(tf.cast(t, tf.float32)) for t in tf.nest.flatten(outputs)])
 
 
 def mfu(examples_per_second, flops_per_example, peak):
