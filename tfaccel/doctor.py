@@ -115,7 +115,7 @@ class Peak:
     how: str
 
 
-def cpu_clock_ghz():
+def cpu_clock_ghz(fields=None):
     """(GHz, where it was read) of this CPU's base clock, or (None, why not).
 
     The cpufreq base (or maximum) frequency when the kernel exposes it, else the
@@ -129,7 +129,7 @@ def cpu_clock_ghz():
                 return int(f.read().strip()) / 1e6, f"cpufreq {name}"
         except (OSError, ValueError):
             pass
-    fields = _cpuinfo_fields()
+    fields = _cpuinfo_fields() if fields is None else fields
     for key, scale, what in (("cpu MHz", 1e-3, "/proc/cpuinfo cpu MHz"),
                              ("bogomips", 0.5e-3, "/proc/cpuinfo bogomips / 2")):
         value = _number(fields.get(key, ""))
@@ -183,7 +183,7 @@ def cpu_peak(precision="float32", cores=None, flags=None, clock_ghz=None):
     flags = cpu_flags() if flags is None else set(flags)
     cores = cores or os.cpu_count() or 1
     if clock_ghz is None:
-        clock_ghz, source = cpu_clock_ghz()
+        clock_ghz, source = cpu_clock_ghz(fields)
     else:
         source = "given"
     if not clock_ghz:
@@ -218,7 +218,7 @@ def peak(precision="float32", gpus=None):
         tfaccel.doctor.peak("mixed_bfloat16").how
         # '2 cores x 2.60 GHz (/proc/cpuinfo bogomips / 2) x 64 FLOP/cycle (AVX512_BF16 ...)'
     """
-    gpus = [g["name"] for g in globals()["gpus"]()] if gpus is None else list(gpus)
+    gpus = [g["name"] for g in _nvidia_smi() or []] if gpus is None else list(gpus)
     peaks = [gpu_peak(name, precision) for name in gpus]
     if peaks and all(peaks):
         return Peak(sum(p.flops_per_second for p in peaks),

@@ -31,7 +31,7 @@ Example:
 
 import tensorflow as tf
 
-from tfaccel import _compat, doctor
+from tfaccel import _compat
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import input_specs, is_keras3_object
 
@@ -122,8 +122,3 @@ def mfu(examples_per_second, flops_per_example, peak):
     if not peak_flops:
         return None
     return float(examples_per_second) * float(flops_per_example) / float(peak_flops)
-
-
-def peak_for(precision):
-    """The `doctor.Peak` a run in `precision` is measured against (see `doctor.peak`)."""
-    return doctor.peak(precision)
