@@ -182,3 +182,35 @@ def test_bad_inputs_get_one_clear_error(trained):
     twice = keras3_quantize.keras3_quantized(model, "int8")
     with pytest.raises(errors.ModelError, match="cannot"):
         keras3_quantize.keras3_quantized(twice, "int4")
+
+
+BERT_INT8_TOLERANCE, BERT_INT4_TOLERANCE = 0.02, 0.1  # of the float logits' largest magnitude
+
+
+@pytest.mark.slow
+def test_keras_hub_bert_and_gpt2_quantize_inside_their_transformer_layers():
+    from hub_models import gpt2_and_bert
+
+    keras3.utils.set_random_seed(0)
+    gpt2, bert = gpt2_and_bert()
+    ids = np.random.default_rng(0).integers(1, 100, (128, 16))
+    x = {"token_ids": ids, "segment_ids": np.zeros_like(ids),
+         "padding_mask": np.ones_like(ids, bool)}
+    bert.compile(keras3.optimizers.Adam(1e-3),
+                 loss=keras3.losses.SparseCategoricalCrossentropy(from_logits=True))
+    bert.fit(x, (ids < 50).sum(1) > 8, batch_size=32, epochs=2, verbose=0)  # logits apart
+    logits = np.asarray(bert.predict(x, verbose=0))
+    for mode, tolerance in (("int8", BERT_INT8_TOLERANCE), ("int4", BERT_INT4_TOLERANCE)):
+        small = keras3_quantize.keras3_quantized(bert, mode)
+        assert type(small).__name__ == "BertTextClassifier"
+        assert "transformer_layer_0/feedforward_intermediate_dense" in \
+            keras3_quantize.quantized_weights(small, bert)["layers"]
+        diff = np.abs(np.asarray(small.predict(x, verbose=0)) - logits).max()
+        assert diff <= tolerance * np.abs(logits).max(), (mode, diff)
+        assert keras3_quantize.keras_weight_sizes(small)["bytes"] < \
+            0.5 * keras3_quantize.keras_weight_sizes(bert)["bytes"]
+    counted = keras3_quantize.quantized_weights(keras3_quantize.keras3_quantized(gpt2, "int8"),
+                                                gpt2)
+    assert {"transformer_layer_0/self_attention/query", "token_embedding"} <= \
+        set(counted["layers"])
+    assert counted["share"] > 0.9  # the kernels and the (tied) embedding: nearly every weight

@@ -132,3 +132,33 @@ def test_bad_inputs_get_one_line(trained, files, tmp_path):
             call()
         assert "\n" not in str(info.value)
     assert not (tmp_path / "x.tflite").exists()
+
+
+@pytest.mark.slow
+def test_a_keras_hub_gpt2_converts_without_the_bridge(tmp_path):
+    from hub_models import gpt2_and_bert
+
+    from tfaccel.keras import keras3
+
+    lm, _ = gpt2_and_bert(vocabulary_size=VOCAB.size, max_length=16)
+    x, _ = tflite_lm.lm_windows(VALIDATION, 16, max_windows=6)
+    logits = np.asarray(lm({"token_ids": x, "padding_mask": np.ones_like(x, bool)}))
+    expected = tflite_lm.cross_entropy(logits, tflite_lm.lm_windows(VALIDATION, 16, 6)[1])
+    path = tflite_lm.language_model_tflite(lm, str(tmp_path / "gpt2.tflite"))  # its 16 tokens
+    dynamic = tflite_lm.language_model_tflite(lm, str(tmp_path / "gpt2_int8.tflite"),
+                                              "dynamic_range", sequence_length=16)
+    result = tflite_lm.evaluate_language_model_tflite(path, VALIDATION, 16, max_windows=6)
+    assert result["loss"] == pytest.approx(expected, abs=1e-5)
+    small = tflite_lm.evaluate_language_model_tflite(dynamic, VALIDATION, 16, max_windows=6)
+    assert abs(small["loss"] - expected) < 0.01
+    assert tflite_eval.tflite_sizes(dynamic)["bytes"] < tflite_eval.tflite_sizes(path)["bytes"]
+    with pytest.raises(errors.ModelError, match="max_sequence_length 16"):
+        tflite_lm.language_model_tflite(lm, str(tmp_path / "x.tflite"), sequence_length=17)
+    keras3().mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        half, _ = gpt2_and_bert(vocabulary_size=VOCAB.size, max_length=16)
+    finally:
+        keras3().mixed_precision.set_global_policy("float32")
+    with pytest.raises(errors.ModelError, match="computes in bfloat16"):
+        tflite_lm.language_model_tflite(half, str(tmp_path / "x.tflite"))
+    assert not (tmp_path / "x.tflite").exists()

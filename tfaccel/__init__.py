@@ -127,6 +127,8 @@ _EXPORTS = {
     "tfaccel.compress.tflite_lm": ["language_model_tflite", "evaluate_language_model_tflite"],
     "tfaccel.compress.latency": ["compare_latencies"],
     "tfaccel.compress.report": ["write_report", "comparison_rows"],
+    "tfaccel.compress.lm_variants": ["parse_lm_variants"],
+    "tfaccel.compress.lm_report": ["measure_lm_variants", "write_lm_report", "load_causal_lm"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Submodules reachable as attributes: the areas, the top-level modules, and each moved

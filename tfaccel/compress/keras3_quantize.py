@@ -6,7 +6,10 @@ quantized on the fly, an int8 x int8 matmul), `int4` (Keras' default: weights
 only, a scale and zero point per block of 128 inputs, two values a byte),
 `int4_per_channel` (a scale per output channel) or `gptq` (4-bit, rounding
 corrected by the Hessian of each layer's inputs). Keras 3.15 quantizes Dense,
-EinsumDense and Embedding layers only; the rest stays float (`quantized_weights`).
+EinsumDense and Embedding layers only, inside custom layers too (a KerasHub Transformer's
+attention and feed-forward kernels, its token embedding); the rest stays float
+(`quantized_weights`). KerasHub task models (`GPT2CausalLM`, `BertTextClassifier`) are
+copied by their config and stay their class, with `generate()`.
 
 `keras3_variant` also converts the copy to a `.tflite` file when TFLite can, so
 that `tfaccel.compress.tflite_eval` measures it as every other variant. With
@@ -171,25 +174,35 @@ def keras3_quantized(model, mode, calibration=None, num_calibration_samples=128)
 
 
 def _layers(model):
+    """Every layer of `model` in order: nested models' layers, and the sublayers of custom
+    layers (a KerasHub `TransformerDecoder`'s Dense and EinsumDense), which Keras quantizes."""
     for layer in model.layers:
-        yield from _layers(layer) if isinstance(layer, keras3().Model) else [layer]
+        if isinstance(layer, keras3().Model):
+            yield from _layers(layer)
+        else:
+            yield from _layer_and_sublayers(layer)
+
+
+def _layer_and_sublayers(layer):
+    yield layer
+    for sub in _compat.sublayers(layer):
+        yield from _layer_and_sublayers(sub)
 
 
 def quantized_weights(quantized, original):
     """What Keras quantized in `quantized` (a copy of the float model `original`).
 
-    Returns {'layers': names of the quantized layers, 'quantized_weights':
-    elements of their kernels (embeddings) in `original`, 'weights': elements of
-    all of `original`'s weights, 'share': the first / the second}.
+    Returns {'layers': paths of the quantized layers ('outer/inner' inside a custom layer),
+    'quantized_weights': elements of their kernels (embeddings) in `original`, 'weights':
+    elements of all of `original`'s weights, 'share': the first / the second}.
     """
-    floats = {layer.name: layer for layer in _layers(original)}
-    names = [layer.name for layer in _layers(quantized) if layer.quantization_mode is not None]
-    kernels = [floats[n].embeddings if hasattr(floats[n], "embeddings") else floats[n].kernel
-               for n in names]
+    pairs = [(q, f) for q, f in zip(_layers(quantized), _layers(original))
+             if getattr(q, "quantization_mode", None) is not None]
+    kernels = [f.embeddings if hasattr(f, "embeddings") else f.kernel for _, f in pairs]
     count = sum(int(np.prod(k.shape)) for k in kernels)
     total = sum(int(np.prod(v.shape)) for v in original.weights)
-    return {"layers": names, "quantized_weights": count, "weights": total,
-            "share": count / total if total else 0.0}
+    return {"layers": [getattr(q, "path", q.name) for q, _ in pairs], "quantized_weights": count,
+            "weights": total, "share": count / total if total else 0.0}
 
 
 def keras_weight_sizes(model):

@@ -1,12 +1,13 @@
 """A language model as a `.tflite` file, and its next-token loss measured in the interpreter.
 
 `language_model_tflite` converts a causal language model (token ids in, float32 logits
-out, e.g. `tfaccel.train.gpt.build_gpt`'s) for one window of `[1, sequence_length]`
-int32 tokens, in float or with dynamic-range int8 weights (the modes "float" and
-"dynamic" of `tfaccel.compress.tflite.convert_to_tflite`, which converts any classifier;
-this module converts a traced window instead of a Keras model, 3-5x faster, see
-`_window_converter`). A fixed window is what makes the conversion clean: the causal mask
-becomes a constant and no op sees an unknown length. The files run with
+out: `tfaccel.train.gpt.build_gpt`'s in tf_keras, or a Keras 3 one such as KerasHub's
+`GPT2CausalLM` built without a preprocessor, without the tf_keras bridge) for one window
+of `[1, sequence_length]` int32 tokens, in float or with dynamic-range int8 weights (the
+modes "float" and "dynamic" of `tfaccel.compress.tflite.convert_to_tflite`, which
+converts any classifier; this module converts a traced window instead of a Keras model,
+3-5x faster, see `_window_converter`). A fixed window is what makes the conversion
+clean: the causal mask becomes a constant and no op sees an unknown length. The files run with
 `tfaccel.compress.tflite_eval` too (sizes, latency, weight sparsity).
 `evaluate_language_model_tflite` runs a file over non-overlapping windows of a token array
 in LiteRT and reports the mean next-token cross-entropy, so a quantized model's loss sits
@@ -29,9 +30,10 @@ from tfaccel.compress.tflite import write_converted
 from tfaccel.compress.tflite_eval import make_interpreter
 from tfaccel.data.text import num_windows
 from tfaccel.errors import ConfigError, DataError, ModelError
-from tfaccel.keras import ensure_tf_keras
+from tfaccel.keras import is_keras3_object
 from tfaccel.train.generate import model_context
 from tfaccel.train.gpt import check_sequence_length, gpt_config_of
+from tfaccel.train.kv_cache import keras_hub_context, model_inputs
 from tfaccel.train.language_model import language_model_metrics
 from tfaccel.train.precision import apply_precision
 
@@ -47,11 +49,15 @@ def _window_converter(model, sequence_length):
     variables: `TFLiteConverter.from_keras_model` (what `convert_to_tflite` uses)
     first saves the model as a Keras SavedModel, tracing every layer's call
     functions, which made a tiny GPT's conversion take 12-15 s here instead of 2.5-5 s.
+    A Keras 3 model's variables are tracked through the `tf.Variable`s they hold (`.value`):
+    with Keras 3's own variable objects the converter froze none of the weights (a 1.7 MB
+    GPT2 became a 49 KB file) and the dynamic-range pass failed.
     """
     module = tf.Module()
-    module.model_variables = list(model.variables)
+    module.model_variables = ([v.value for v in model.weights] if is_keras3_object(model)
+                              else list(model.variables))
     module.window = tf.function(
-        lambda tokens: model(tokens, training=False),
+        lambda tokens: model(model_inputs(model, tokens), training=False),
         input_signature=[tf.TensorSpec([1, sequence_length], tf.int32, name="tokens")])
     return tf.lite.TFLiteConverter.from_concrete_functions(
         [module.window.get_concrete_function()], module)
@@ -65,7 +71,9 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
         language_model_tflite(model, "lm.tflite", mode="dynamic_range", sequence_length=64)
 
     Args:
-      model: a tf_keras causal language model with float32 logits.
+      model: a causal language model with float32 logits: tf_keras (a 16-bit policy is
+        converted to float32 first), or Keras 3 in float32 (a KerasHub causal LM takes its
+        ids as `token_ids` with an all-true `padding_mask`).
       path: where the file goes (written atomically).
       mode: "float", or "dynamic_range" (int8 weights, float activations; about a
         quarter of the weights' bytes).
@@ -82,7 +90,6 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
     if mode not in LM_MODES:
         raise ConfigError(f"unknown language-model TFLite mode {mode!r}: use float or "
                           "dynamic_range")
-    ensure_tf_keras(model)
     if sequence_length is None:
         sequence_length = model_context(model)
     elif int(sequence_length) < 1:
@@ -90,7 +97,7 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
                           "tokens")
     else:
         _check_fits_context(model, int(sequence_length))
-    model = apply_precision(model, "float32")  # TFLite has no bfloat16/float16 kernels
+    model = _float32(model)  # TFLite has no bfloat16/float16 kernels
     converter = _window_converter(model, int(sequence_length))
     if LM_MODES[mode] == "dynamic":  # int8 weights, float activations: needs no data
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -98,10 +105,25 @@ def language_model_tflite(model, path, mode="float", sequence_length=None):
                            "try mode='float', or replace the unsupported op")
 
 
+def _float32(model):
+    if not is_keras3_object(model):
+        return apply_precision(model, "float32")
+    compute = getattr(getattr(model, "dtype_policy", None), "compute_dtype", "float32")
+    if compute != "float32":
+        raise ModelError(f"Keras 3 model {model.name!r} computes in {compute}: TFLite has no "
+                         "16-bit kernels; build (or load) it under the float32 policy to "
+                         "convert it")
+    return model
+
+
 def _check_fits_context(model, sequence_length):
     if gpt_config_of(model) is not None:
         check_sequence_length(model, sequence_length)
         return
+    longest = keras_hub_context(model)
+    if longest is not None and sequence_length > longest:
+        raise ModelError(f"sequence_length={sequence_length} is longer than model "
+                         f"{model.name!r}'s max_sequence_length {longest}: use at most {longest}")
     fixed = model.inputs[0].shape[1] if getattr(model, "inputs", None) else None
     if fixed is not None and sequence_length > fixed:
         raise ModelError(f"sequence_length={sequence_length} is longer than model "
