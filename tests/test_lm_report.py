@@ -110,7 +110,8 @@ def test_keras_hub_gpt2_int8_int4_and_tflite_keep_the_loss_and_shrink(gpt2, tmp_
     assert base["decode"] == "kv cache" and rows["tflite_float"]["decode"] == "full window"
     assert base["same_greedy_prefix"] == 6
     assert rows["tflite_float"]["same_greedy_prefix"] == 6  # the same logits, greedy
-    assert all(r["tokens_per_sec"] > 0 and r["window_tokens_per_sec"] > 0 for r in rows.values())
+    assert all(min(r["tokens_per_sec"], r["tokens_per_cpu_sec"], r["window_tokens_per_sec"]) > 0
+               for r in rows.values())
     assert all(np.array_equal(a, b) for a, b in zip(before, gpt2.get_weights()))
 
 

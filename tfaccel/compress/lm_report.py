@@ -14,8 +14,9 @@ fine-tune, pruned then quantized). It builds each one and measures, in one run:
   the variant's own fastest path (a Keras model decodes with its key/value cache,
   `tfaccel.train.generate`; a `.tflite` file has one fixed window and runs it whole for
   each token), and `window_tokens_per_sec` the whole window per token for every variant,
-  the like-for-like comparison. All variants are timed interleaved in rounds
-  (`tfaccel.compress.latency`), so load from other processes falls on all alike;
+  the like-for-like comparison. All variants are timed interleaved in rounds, so load
+  from other processes falls on all alike, and `tokens_per_cpu_sec` counts the process's
+  CPU time instead of the clock's (what a token costs, barely moved by other load);
 - for pruned variants the share of zeros in the pruned kernels, counted from the weights.
 
 A variant that cannot be built for this model (Keras 3's quantize on a tf_keras model, a
@@ -37,13 +38,14 @@ Example:
 """
 
 import os
+import time
 import zipfile
 
 import numpy as np
 import tensorflow as tf
 
 from tfaccel import plots, summaries
-from tfaccel.compress import keras3_quantize, latency, magnitude, prunable, tflite_lm
+from tfaccel.compress import keras3_quantize, magnitude, prunable, tflite_lm
 from tfaccel.compress.lm_variants import DEFAULT_LM_VARIANTS, parse_lm_variants
 from tfaccel.compress.tflite_eval import make_interpreter, tflite_sizes
 from tfaccel.data.text import load_vocabulary, text_dataset
@@ -57,7 +59,8 @@ from tfaccel.train.models import load_model_file
 from tfaccel.train.training import make_optimizer
 
 COLUMNS = ("variant", "runtime", "loss", "perplexity", "loss_change", "bytes", "gzip_bytes",
-           "size_ratio", "tokens_per_sec", "decode", "window_tokens_per_sec",
+           "size_ratio", "tokens_per_sec", "tokens_per_cpu_sec", "decode",
+           "window_tokens_per_sec",
            "same_greedy_prefix", "pruned_sparsity", "refused")
 """Columns of the report's table, in order (`description` follows them)."""
 
@@ -277,7 +280,8 @@ def measure_lm_variants(model, train_tokens, validation_tokens, sequence_length,
       Rows (dicts), one per variant in order: `variant`, `description`, `runtime`
       ('keras'|'tflite'), `loss` (nats per token), `bits_per_<unit>`, `perplexity`,
       `loss_change` (vs float), `bytes`, `gzip_bytes`, `size_ratio` (float bytes /
-      these), `tokens_per_sec`, `decode` ('kv cache'|'full window'),
+      these), `tokens_per_sec` (median of `timing_rounds`), `tokens_per_cpu_sec`, `decode`
+      ('kv cache'|'full window'),
       `window_tokens_per_sec`, `same_greedy_prefix` (how many greedy tokens equal float's
       before the first that differs), `path` (a file), `pruned_sparsity`; or `variant`,
       `description`, `refused` (one line) where the variant cannot be built for this model.
@@ -325,6 +329,20 @@ def measure_lm_variants(model, train_tokens, validation_tokens, sequence_length,
     return rows
 
 
+def _time_interleaved(paths, rounds):
+    """{key: (median wall seconds, median process CPU seconds)} of each `paths[key]()`,
+    timed in `rounds` rounds that run every path once, in turn (load from other processes
+    falls on all alike; CPU time, summed over this process's threads, barely sees it)."""
+    seconds = {key: ([], []) for key in paths}
+    for _ in range(int(rounds)):
+        for key, run in paths.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            run()
+            seconds[key][0].append(time.perf_counter() - wall)
+            seconds[key][1].append(time.process_time() - cpu)
+    return {key: (float(np.median(w)), float(np.median(c))) for key, (w, c) in seconds.items()}
+
+
 def _measure_generation(rows, built, prompt_ids, new_tokens, length, rounds):
     """Adds the generation columns to `rows`: every path's tokens once (its trace), then
     all paths timed interleaved, `rounds` generations each."""
@@ -333,18 +351,17 @@ def _measure_generation(rows, built, prompt_ids, new_tokens, length, rounds):
         for kind, run in _generators(runtime, made, prompt_ids, new_tokens, length).items():
             paths[(name, kind)] = run
             tokens[(name, kind)] = run()
-    stats = latency.compare_latencies(paths, lambda run: run, num_runs=rounds, warmup=0,
-                                      rounds=rounds)
+    timed = _time_interleaved(paths, rounds)
     reference = tokens[("float", "window")]
     for row in rows:
         name = row["variant"]
         if name not in built:
             continue
-        rate = {kind: new_tokens / (1e-6 * stats[(name, kind)]["p50_us"])
-                for kind in ("cache", "window") if (name, kind) in stats}
-        best = "cache" if "cache" in rate else "window"
-        row.update(tokens_per_sec=rate[best], window_tokens_per_sec=rate["window"],
+        best = "cache" if (name, "cache") in timed else "window"
+        wall, cpu = timed[(name, best)]
+        row.update(tokens_per_sec=new_tokens / wall, tokens_per_cpu_sec=new_tokens / cpu,
                    decode="kv cache" if best == "cache" else "full window",
+                   window_tokens_per_sec=new_tokens / timed[(name, "window")][0],
                    same_greedy_prefix=_common_prefix(tokens[(name, best)], reference))
 
 
@@ -375,13 +392,15 @@ def markdown_lm_report(rows, summary, title="Language-model variants"):
 
 def plot_loss_vs_size(rows, path, title="Validation loss vs size"):
     """A PNG scatter of validation loss against gzipped size (KB, log scale), one point per
-    measured variant, labelled with its tokens/s; returns `path` (written atomically)."""
+    measured variant, labelled with its tokens per CPU-second; returns `path` (written
+    atomically)."""
     fig, ax = plots.new_figure(7, 4.5)
     measured = [r for r in rows if "loss" in r]
     for row in measured:
         x = row["gzip_bytes"] / 1024
         ax.scatter([x], [row["loss"]], s=50, zorder=3)
-        ax.annotate(f"{row['variant']} ({row['tokens_per_sec']:,.0f} tok/s)", (x, row["loss"]),
+        ax.annotate(f"{row['variant']} ({row['tokens_per_cpu_sec']:,.0f} tok/CPU-s)",
+                    (x, row["loss"]),
                     textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set_xscale("log")
     ax.margins(x=0.3, y=0.2)
@@ -410,8 +429,9 @@ def write_lm_report(directory, logdir, rows, summary, title="Language-model vari
     markdown = markdown_lm_report(rows, summary, title)
     plot_loss_vs_size(rows, paths["png"], title)
     plots.plot_rates([f"{r['variant']} ({r['decode']})" for r in measured],
-                     [r["tokens_per_sec"] for r in measured], paths["speed_png"],
-                     "greedy generation, tokens/s", f"{title}: generation speed")
+                     [r["tokens_per_cpu_sec"] for r in measured], paths["speed_png"],
+                     "greedy generation, tokens per second of process CPU time",
+                     f"{title}: generation cost")
     write_json(paths["json"], {**summary, "variants": rows})
     write_text(paths["markdown"], markdown)
     summaries.write_text(logdir, f"{name}/table", markdown)
@@ -419,6 +439,7 @@ def write_lm_report(directory, logdir, rows, summary, title="Language-model vari
     summaries.write_png(logdir, f"{name}/tokens_per_sec", paths["speed_png"])
     summaries.write_scalars(logdir, {
         **{f"loss/{r['variant']}": r["loss"] for r in measured},
-        **{f"tokens_per_sec/{r['variant']}": r["tokens_per_sec"] for r in measured}})
+        **{f"tokens_per_sec/{r['variant']}": r["tokens_per_sec"] for r in measured},
+        **{f"tokens_per_cpu_sec/{r['variant']}": r["tokens_per_cpu_sec"] for r in measured}})
     return paths
 
