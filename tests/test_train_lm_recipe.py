@@ -317,7 +317,7 @@ def test_keras_hub_missing_is_one_line_before_tensorflow(tmp_path):
      "'no_such_module' (no module named 'no_such_module'): put the folder holding it on "
      "PYTHONPATH, e.g. PYTHONPATH=/path/to/folder (the current folder is not searched)"),
     pytest.param("my_lms:pooled", "--model_fn='my_lms:pooled': the model maps token ids "
-                 "[1, 32] to Tensor of shape (1, 104), not logits (1, 32, 104): return a causal "
+                 "[1, 32] to outputs of shape (1, 104), not logits (1, 32, 104): return a causal "
                  "LM whose last layer gives one logit per vocabulary entry at every position",
                  marks=pytest.mark.slow),
 ])

@@ -132,7 +132,7 @@ def language_model_from_fn(spec, vocabulary_size, sequence_length):
     got = tuple(getattr(logits, "shape", ()))
     if got != want:
         raise ModelError(f"--model_fn={spec!r}: the model maps token ids [1, {sequence_length}]"
-                         f" to {type(logits).__name__} of shape {got}, not logits {want}: "
+                         f" to outputs of shape {got}, not logits {want}: "
                          "return a causal LM whose last layer gives one logit per vocabulary "
                          "entry at every position")
     return model
