@@ -6,6 +6,8 @@
     python recipes/train_lm.py --strategy=mirrored --cpu_devices=2      # 2 replicas, no GPU
     python recipes/train_lm.py --parallel=pipeline --stage_boundaries=block_2_ln_1 \
         --micro_batches=4 --cpu_devices=2                              # 2 stages, GPipe
+    python recipes/train_lm.py --model=gpt2          # KerasHub's GPT2CausalLM, the same sizes
+    PYTHONPATH=my_folder python recipes/train_lm.py --model_fn=my_lms:build   # your Keras 3 LM
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
     tensorboard --logdir runs/lm-text-gpt/logs --host localhost
 
@@ -195,7 +197,8 @@ def main(argv):
     io.write_json(os.path.join(model_dir, "metrics.json"), metrics)  # last: the run finished
     if distribute.is_chief(strategy):
         resume.remove_backup(backup_dir)
-    print(f"\n{common.model_label()} on {splits.source}: validation loss {validation['loss']:.4f} nats/{unit} "
+    print(f"\n{common.model_label()} on {splits.source}: validation loss "
+          f"{validation['loss']:.4f} nats/{unit} "
           f"({rows[0][f'bits_per_{unit}']:.3f} bits, perplexity {rows[0]['perplexity']:.2f}) "
           f"after {metrics['steps']} steps in {train_seconds:.1f}s"
           + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
