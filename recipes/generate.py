@@ -6,9 +6,9 @@
 
 Loads model.keras and vocabulary.json from --model_dir (tfaccel's GPT, or a Keras 3 model
 such as KerasHub's GPT-2 from train_lm.py --model=gpt2, with its own cache) and prints the
-prompt and its continuation. The same --seed gives the same text; --temperature=0 always picks the most
-likely token. A prompt with characters a character-level vocabulary lacks is one error
-line (a byte-level model takes any text).
+prompt and its continuation. The same --seed gives the same text; --temperature=0 always
+picks the most likely token. A prompt with characters a character-level vocabulary lacks
+is one error line (a byte-level model takes any text).
 """
 
 import common
