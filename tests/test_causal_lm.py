@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tfaccel import errors
-from tfaccel.train import causal_lm, gpt_layers, language_model, training
+from tfaccel.train import causal_lm, generate, gpt_layers, language_model, training
 
 keras_hub = pytest.importorskip("keras_hub")
 
@@ -27,6 +27,13 @@ def pooled(vocabulary_size, sequence_length):
     ids = keras.Input((None,), dtype="int32")
     x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(vocabulary_size, 8)(ids))
     return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
+
+
+def hub(vocabulary_size, sequence_length):
+    import keras_hub
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size, 1, 2, 8, 16,
+                                             max_sequence_length=sequence_length)
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
 
 
 def wrong_signature(vocab, length):
@@ -111,7 +118,11 @@ def test_token_ids_model_gives_the_dict_models_logits():
 
 def test_model_fn_language_model_is_checked_in_one_line(user_lms):
     model = causal_lm.language_model_from_fn("my_test_lms:bigram", 30, 12)
-    assert tuple(model.outputs[0].shape) == (None, None, 30)
+    assert tuple(model.outputs[0].shape) == (None, 12, 30)  # any length: given the window's
+    assert generate.model_context(model) == 12 and len(generate.generate_tokens(
+        model, [1, 2], 15, temperature=0)) == 15
+    hub = causal_lm.language_model_from_fn("my_test_lms:hub", 30, 12)
+    assert isinstance(hub, keras_hub.models.GPT2CausalLM)  # kept: its class and its cache
     cases = {
         "my_test_lms:pooled": "maps token ids [1, 12] to outputs of shape (1, 30), not logits "
                               "(1, 12, 30)",

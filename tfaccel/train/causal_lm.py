@@ -15,7 +15,9 @@ too, which is what people who train language models in Keras bring:
 - `language_model_from_fn` calls your `package.module:function(vocabulary_size,
   sequence_length)` (`tfaccel.train.models.call_model_fn`, the classifiers' `--model_fn`
   mechanism) and checks what it returns maps `[batch, sequence_length]` ids (or KerasHub's
-  dict) to `[batch, sequence_length, vocabulary_size]` logits, in one line if not.
+  dict) to `[batch, sequence_length, vocabulary_size]` logits, in one line if not; a model
+  taking any length is given a `sequence_length` input (the same weights), so that
+  generation knows its window.
 - `with_model_inputs` maps a dataset of `(ids, next ids)` windows to what the model takes,
   and `token_ids_model` wraps a dict-taking model as one taking the ids alone (a `.tflite`
   file with one input, like tfaccel's GPT's).
@@ -38,7 +40,7 @@ import tensorflow as tf
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import is_keras3_object, keras3
 from tfaccel.train.gpt_layers import init_stddev
-from tfaccel.train.kv_cache import model_inputs, takes_token_dict
+from tfaccel.train.kv_cache import keras_hub_context, model_inputs, takes_token_dict
 from tfaccel.train.models import call_model_fn
 
 INITS = ("scaled", "keras_hub")
@@ -135,7 +137,9 @@ def language_model_from_fn(spec, vocabulary_size, sequence_length):
                          f" to outputs of shape {got}, not logits {want}: "
                          "return a causal LM whose last layer gives one logit per vocabulary "
                          "entry at every position")
-    return model
+    if keras_hub_context(model) is not None:  # a KerasHub causal LM: its class, its cache
+        return model
+    return token_ids_model(model, sequence_length)  # generation needs the window's length
 
 
 def with_model_inputs(dataset, model):
@@ -148,11 +152,22 @@ def with_model_inputs(dataset, model):
 
 
 def token_ids_model(model, sequence_length):
-    """`model` if it takes token ids, else a Keras 3 model of the same weights taking
-    `[batch, sequence_length]` int32 ids alone (KerasHub's padding mask all ones)."""
-    if not takes_token_dict(model):
+    """`model` itself if it takes `[batch, sequence_length]` token ids, else a Keras 3 model of
+    the same weights that does (KerasHub's padding mask all ones): a window of known length
+    for `generate` and a `.tflite` file with one input."""
+    takes_dict = takes_token_dict(model)
+    if not takes_dict and _input_length(model) == int(sequence_length):
         return model
     k3 = keras3()
     ids = k3.Input((int(sequence_length),), dtype="int32", name="token_ids")
-    mask = k3.ops.ones_like(ids, dtype="bool")
-    return k3.Model(ids, model({"token_ids": ids, "padding_mask": mask}), name=model.name)
+    inputs = ({"token_ids": ids, "padding_mask": k3.ops.ones_like(ids, dtype="bool")}
+              if takes_dict else ids)
+    return k3.Model(ids, model(inputs), name=model.name)
+
+
+def _input_length(model):
+    """The fixed length of `model`'s one input `[batch, length]`, else None."""
+    inputs = getattr(model, "inputs", None) or ()
+    if len(inputs) != 1 or len(inputs[0].shape) != 2:
+        return None
+    return inputs[0].shape[1]

@@ -66,7 +66,7 @@ def model_context(model, context=None):
     if longest is not None:
         return longest
     shape = model.inputs[0].shape if getattr(model, "inputs", None) else None
-    if shape is not None and shape.rank == 2 and shape[1] is not None:
+    if shape is not None and len(shape) == 2 and shape[1] is not None:  # either Keras
         return int(shape[1])
     raise ModelError(f"cannot tell how many tokens model {model.name!r} sees at once (it "
                      "takes any length and has no GPT configuration): pass context=")
