@@ -415,3 +415,19 @@ def test_keras_hub_gpt2_resumes_after_kill_9_to_the_same_result(tmp_path):
     assert resumed["resumed_at_epoch"] == backup.epoch + 1
     assert resumed["steps"] == straight["steps"] == epochs * 30
     assert resumed["validation_loss"] == pytest.approx(straight["validation_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [
+    ("--strategy=mirrored", "--cpu_devices=2", "--grad_accum_steps=2"),  # tfaccel's micro-batches
+    ("--precision=mixed_bfloat16",),
+])
+def test_keras_hub_gpt2_trains_mirrored_and_in_bfloat16(tmp_path, extra):
+    pytest.importorskip("keras_hub")
+    _, metrics = _train(tmp_path / "run", *HUB_SMALL, "--notflite", *extra)
+    assert metrics["keras"] == "keras3" and metrics["steps"] == 60
+    assert metrics["validation_loss"] < TRAINED
+    if "--strategy=mirrored" in extra:
+        assert metrics["distribution"]["replicas"] == 2
+    else:
+        assert metrics["precision"] == "mixed_bfloat16"

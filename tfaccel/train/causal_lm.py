@@ -143,11 +143,12 @@ def language_model_from_fn(spec, vocabulary_size, sequence_length):
 
 
 def with_model_inputs(dataset, model):
-    """`dataset` of `(ids, targets)` with the ids as `model` takes them (KerasHub's dict, all
-    positions real, or the ids unchanged)."""
+    """`dataset` of `(ids, targets)` with the ids as `model` takes them: KerasHub's dict (all
+    positions real; the mask int32 as GPT-2's backbone declares it, which a
+    `MirroredStrategy` can split where a bool one fails), or the ids unchanged."""
     if not takes_token_dict(model):
         return dataset
-    return dataset.map(lambda x, y: (model_inputs(model, x), y),
+    return dataset.map(lambda x, y: ({"token_ids": x, "padding_mask": tf.ones_like(x)}, y),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
