@@ -4,10 +4,11 @@
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="def " \\
         --max_new_tokens=400 --temperature=0.7 --top_k=20 --seed=3
 
-Loads model.keras and vocabulary.json from --model_dir and prints the prompt and its
-continuation. The same --seed gives the same text; --temperature=0 always picks the most
-likely token. A prompt with characters a character-level vocabulary lacks is one error
-line (a byte-level model takes any text).
+Loads model.keras and vocabulary.json from --model_dir (tfaccel's GPT, or a Keras 3 model
+such as KerasHub's GPT-2 from train_lm.py --model=gpt2, with its own cache) and prints the
+prompt and its continuation. The same --seed gives the same text; --temperature=0 always
+picks the most likely token. A prompt with characters a character-level vocabulary lacks
+is one error line (a byte-level model takes any text).
 """
 
 import common

@@ -8,6 +8,7 @@ and the compile. Flags are read here and in the recipes only.
 """
 
 import collections
+import dataclasses
 import os
 
 import common
@@ -18,7 +19,11 @@ from tfaccel import choices
 from tfaccel.errors import ConfigError
 
 MODEL_DIR_PREFIX = "lm-"  # runs/lm-text-gpt by default
-LMInputs = collections.namedtuple("LMInputs", "train validation steps_per_epoch")
+LM_MODELS = ("gpt", "gpt2")  # tfaccel's GPT (tf_keras), KerasHub's GPT2CausalLM (Keras 3)
+# fit_batch: the windows of one of fit's steps (Keras 3 accumulating in its optimizer: a
+# micro-batch); fit_steps: fit's steps per epoch for --steps_per_epoch updates.
+LMInputs = collections.namedtuple("LMInputs", "train validation steps_per_epoch fit_batch "
+                                  "fit_steps", defaults=(None, None))
 
 
 # The language model's defaults (train_lm.py and benchmarks/bench_lm.py define the same flags
@@ -44,9 +49,20 @@ def define_text_flags():
 
 def define_gpt_flags():
     """--model (gpt or a .keras file), --gpt_size and its overrides, --recompute."""
-    flags.DEFINE_enum("model", "gpt", ("gpt",), "gpt: the decoder-only Transformer of "
-                      "--gpt_size (recipes/generate.py loads what train_lm.py exports).",
+    flags.DEFINE_enum("model", "gpt", LM_MODELS, "gpt: tfaccel's decoder-only Transformer of "
+                      "--gpt_size (tf_keras); gpt2: KerasHub's GPT2CausalLM of the same sizes "
+                      "(Keras 3, built from the config, nothing downloaded; pip install -e "
+                      "'.[hub]'). recipes/generate.py loads what train_lm.py exports.",
                       module_name=MODEL)
+    flags.DEFINE_string("model_fn", None, "package.module:function(vocabulary_size, "
+                        "sequence_length) returning a Keras 3 causal LM (token ids [batch, "
+                        "length], or KerasHub's token_ids/padding_mask dict, to logits [batch, "
+                        "length, vocabulary]); overrides --model. Its folder must be on "
+                        "PYTHONPATH.", module_name=MODEL)
+    flags.DEFINE_enum("gpt2_init", "scaled", ("scaled", "keras_hub"), "--model=gpt2's "
+                      "initialization: scaled: redrawn as tfaccel's GPT draws its own (a normal "
+                      "of 0.02 x sqrt(768/d_model), MLP outputs / sqrt(2 layers)); keras_hub: "
+                      "GPT-2's (a flat 0.02).", module_name=MODEL)
     flags.DEFINE_enum("gpt_size", "tiny", tuple(choices.GPT_SIZES), "Named size: "
                       + "; ".join(f"{k}: {v['layers']} layers, {v['heads']} heads, d_model "
                                   f"{v['d_model']}, context {v['context']}"
@@ -85,6 +101,46 @@ def define_flags():
                          lower_bound=0, module_name=TRAINING)
     check_flags(("gpt_size", "gpt_layers", "gpt_heads", "gpt_d_model", "gpt_context",
                  "sequence_length"), _check_shape)
+
+
+def check_model_flags():
+    """Registers the check of --model/--model_fn against the flags only tfaccel's GPT
+    takes; call it once every flag it reads is defined (train_lm.py: after the parallel
+    flags)."""
+    check_flags(("model", "model_fn", "recompute", "tie_embeddings", "plan", "parallel",
+                 "strategy"), _check_brought_model)
+
+
+def _check_brought_model(model="gpt", model_fn=None, recompute=False, tie_embeddings=False,
+                         plan=False, parallel="none", strategy="auto"):
+    """A Keras 3 model (--model=gpt2, --model_fn) with a flag only tfaccel's GPT (tf_keras)
+    takes, or --model=gpt2 without KerasHub: one line, while the flags are parsed."""
+    import importlib.util
+
+    if not model_fn and model == "gpt":
+        return
+    which = f"--model_fn={model_fn}" if model_fn else f"--model={model}"
+    if not model_fn and importlib.util.find_spec("keras_hub") is None:
+        raise ConfigError(f"{which} needs KerasHub, which is not installed: pip install -e "
+                          "'.[hub]' (keras-hub 0.32), or train tfaccel's GPT (--model=gpt)")
+    refused = [(f"--{name}", why) for name, given, why in (
+        ("recompute", recompute, "it recomputes tfaccel's GPT blocks"),
+        ("tie_embeddings", tie_embeddings, "KerasHub's GPT-2 always ties its embedding"
+         if not model_fn else "your function decides its embedding"),
+        ("plan", plan and bool(model_fn), "the plan reads the decoder's sizes from the GPT "
+         "flags, which do not describe your model"),
+        ("parallel", parallel != "none", "the stages place tf_keras layers"),
+        ("strategy", strategy == "multi_worker", "Keras 3.15's fit fails under it "
+         "(keras-team/keras#20585)")) if given]
+    if refused:
+        flag, why = refused[0]
+        raise ConfigError(f"{flag} cannot train {which}, a Keras 3 model ({why}): drop {flag}, "
+                          "or train tfaccel's GPT (--model=gpt)")
+
+
+def is_keras3_model():
+    """True when the flags ask for a Keras 3 language model (--model=gpt2 or --model_fn)."""
+    return bool(FLAGS.model_fn) or FLAGS.model != "gpt"
 
 
 def gpt_shape(gpt_size, gpt_layers=None, gpt_heads=None, gpt_d_model=None, gpt_context=None):
@@ -146,30 +202,73 @@ def gpt_config(vocab_size):
                           tie_embeddings=FLAGS.tie_embeddings)
 
 
-def build_language_model(vocab_size, recompute=None):
+def build_language_model(vocab_size, recompute=None, length=None):
     """The decoder the flags ask for (call it in the strategy's scope, after the precision
-    policy is set); `recompute` defaults to --recompute."""
-    from tfaccel.train import gpt
+    policy is set): tfaccel's GPT (`recompute` defaults to --recompute), KerasHub's GPT-2
+    of the same sizes (--model=gpt2), or --model_fn's model for `length`-token windows
+    (default: the model's context)."""
+    from tfaccel.train import causal_lm, gpt
 
+    if FLAGS.model_fn:
+        return causal_lm.language_model_from_fn(FLAGS.model_fn, vocab_size,
+                                                length or model_context())
+    if FLAGS.model == "gpt2":
+        layers, heads, d_model, context = _flags_gpt_shape()
+        return causal_lm.keras_hub_gpt2(vocab_size, layers, heads, d_model, context,
+                                        dropout=FLAGS.gpt_dropout, init=FLAGS.gpt2_init,
+                                        seed=FLAGS.seed)
     return gpt.build_gpt(gpt_config(vocab_size),
                          recompute=FLAGS.recompute if recompute is None else recompute)
 
 
-def lm_inputs(splits, length, strategy, epoch=None):
+def model_settings(vocab_size):
+    """What the flags build, as a dict for reports, metrics.json and the resume check: the
+    GPT's config, or KerasHub's GPT-2 sizes, or the --model_fn."""
+    if FLAGS.model_fn:
+        return {"model_fn": FLAGS.model_fn, "vocab_size": vocab_size,
+                "context": model_context()}
+    if FLAGS.model == "gpt2":
+        layers, heads, d_model, context = _flags_gpt_shape()
+        return {"model": "keras_hub.GPT2CausalLM", "vocab_size": vocab_size, "layers": layers,
+                "heads": heads, "d_model": d_model, "intermediate_dim": 4 * d_model,
+                "context": context, "dropout": FLAGS.gpt_dropout, "tie_embeddings": True,
+                "init": FLAGS.gpt2_init}
+    return gpt_config(vocab_size).to_json()
+
+
+def model_headline(settings):
+    """One line of what `settings` (`model_settings`) describe, for the recipe's output."""
+    if "model_fn" in settings:
+        return f"--model_fn={settings['model_fn']}"
+    name = "KerasHub GPT2CausalLM" if settings.get("model") else "GPT"
+    return (f"{name} {settings['layers']} layers x {settings['heads']} heads x d_model "
+            f"{settings['d_model']}, context {settings['context']}")
+
+
+def lm_inputs(splits, length, strategy, epoch=None, model=None):
     """Training and validation windows of `splits` for `fit` under `strategy`, global
     --batch_size; training is an endless stream of which epoch k (of --steps_per_epoch
-    batches) is the same in an uninterrupted and in a resumed run (`epoch`:
-    `resume.EpochCounter().epoch`)."""
+    updates) is the same in an uninterrupted and in a resumed run (`epoch`:
+    `resume.EpochCounter().epoch`). With `model`, the windows are what it takes (KerasHub's
+    dict), in the batches `fit` gives it (`common.fit_batch_size`: a Keras 3 model
+    accumulating in its optimizer gets --grad_accum_steps micro-batches an update)."""
     from tfaccel import distribute
     from tfaccel.data import text
+    from tfaccel.train import causal_lm
 
     workers = distribute.num_workers(strategy)
-    train = text.text_dataset(splits.train, length, FLAGS.batch_size, training=True,
-                              seed=FLAGS.seed, epoch=epoch, steps_per_epoch=FLAGS.steps_per_epoch)
+    fit_batch = (FLAGS.batch_size if model is None else
+                 common.fit_batch_size(model, FLAGS.batch_size, FLAGS.grad_accum_steps))
+    fit_steps = FLAGS.steps_per_epoch * (FLAGS.batch_size // fit_batch)
+    train = text.text_dataset(splits.train, length, fit_batch, training=True,
+                              seed=FLAGS.seed, epoch=epoch, steps_per_epoch=fit_steps)
     validation = text.text_dataset(splits.validation, length, FLAGS.batch_size, training=False,
                                    drop_remainder=distribute.needs_drop_remainder(strategy))
+    if model is not None:
+        train, validation = (causal_lm.with_model_inputs(ds, model) for ds in (train, validation))
     return LMInputs(*(distribute.with_shard_policy(ds, True, workers)
-                      for ds in (train, validation)), FLAGS.steps_per_epoch)
+                      for ds in (train, validation)), FLAGS.steps_per_epoch, fit_batch,
+                    fit_steps)
 
 
 def compile_from_flags(model, learning_rate, policy="float32", jit_compile=False,
@@ -188,6 +287,9 @@ def memory_plan(model, batch_size, policy, replicas, length):
     from tfaccel.train import gpt
 
     config = gpt.gpt_config_of(model)
+    if config is None:  # KerasHub's GPT-2 (--model_fn refuses --plan): the flags' sizes, tied
+        config = dataclasses.replace(gpt_config(int(model.backbone.vocabulary_size)),
+                                     tie_embeddings=True)
     profile = memory_profile.profile_transformer(
         config.layers, config.d_model, config.heads, config.vocab_size, length,
         tied=config.tie_embeddings, half=policy != "float32", dropout=config.dropout,
@@ -202,9 +304,10 @@ def memory_plan(model, batch_size, policy, replicas, length):
 MODEL_CONFIG_FILE = "model_config.json"  # what a backup in --backup_dir was trained as
 
 
-def model_description(config, length):
-    """What a backup must match to be resumed: the decoder, recomputation, tokens."""
-    return {**config.to_json(), "recompute": bool(FLAGS.recompute),
+def model_description(settings, length):
+    """What a backup must match to be resumed: the decoder (`model_settings`),
+    recomputation, tokens."""
+    return {**settings, "recompute": bool(FLAGS.recompute),
             "tokenizer": FLAGS.tokenizer, "sequence_length": length}
 
 
@@ -237,13 +340,22 @@ def lm_row(loss, unit):
 
 def tflite_rows(model, tokens, length, model_dir, unit):
     """model.tflite and model_int8.tflite (dynamic-range int8) of the float32 `model` in
-    `model_dir`, each with its validation loss on `tokens` and its size: report rows."""
-    from tfaccel.compress import tflite_lm
+    `model_dir`, each with its validation loss on `tokens` and its size: report rows. A
+    Keras 3 model converts from itself (`tfaccel.compress.tflite.convert_to_tflite`, at
+    `length` tokens), a dict-taking one through `causal_lm.token_ids_model` (one input)."""
+    from tfaccel.compress import tflite, tflite_lm
+    from tfaccel.keras import is_keras3_object
+    from tfaccel.train import causal_lm
+
+    def convert(mode, path):
+        if not is_keras3_object(model):
+            return tflite_lm.language_model_tflite(model, path, mode=mode, sequence_length=length)
+        return tflite.convert_to_tflite(causal_lm.token_ids_model(model, length), path,
+                                        mode=tflite_lm.LM_MODES[mode], sequence_length=length)
 
     rows = []
     for mode, name in (("float", "model.tflite"), ("dynamic_range", "model_int8.tflite")):
-        path = tflite_lm.language_model_tflite(model, os.path.join(model_dir, name), mode=mode,
-                                               sequence_length=length)
+        path = convert(mode, os.path.join(model_dir, name))
         result = tflite_lm.evaluate_language_model_tflite(path, tokens, length)
         rows.append({"model": name, "precision": "int8 weights" if mode != "float" else
                      "float32", **lm_row(result["loss"], unit),

@@ -6,6 +6,8 @@
     python recipes/train_lm.py --strategy=mirrored --cpu_devices=2      # 2 replicas, no GPU
     python recipes/train_lm.py --parallel=pipeline --stage_boundaries=block_2_ln_1 \
         --micro_batches=4 --cpu_devices=2                              # 2 stages, GPipe
+    python recipes/train_lm.py --model=gpt2          # KerasHub's GPT2CausalLM, the same sizes
+    PYTHONPATH=my_folder python recipes/train_lm.py --model_fn=my_lms:build   # your Keras 3 LM
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
     tensorboard --logdir runs/lm-text-gpt/logs --host localhost
 
@@ -33,6 +35,7 @@ from absl import flags
 FLAGS = flags.FLAGS
 lm_common.define_flags()
 parallel_flags.define_parallel_flags(recompute=False)  # --recompute is the blocks' (GPT flags)
+lm_common.check_model_flags()  # --model=gpt2/--model_fn: the GPT-only flags refused
 flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
                   "int8) and report their validation losses beside the Keras model's.")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
@@ -43,7 +46,7 @@ def main(argv):
     parallel_flags.use_default_strategy()  # --parallel: the stages use the devices
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
-    from tfaccel.keras import keras
+    from tfaccel.keras import flavour_of, keras
     from tfaccel.performance import accumulate, plan
     from tfaccel.train import generate, gpt, language_model, precision, resume, training
 
@@ -78,16 +81,21 @@ def main(argv):
               f"{finished.get('validation_loss', float('nan')):.4f} in metrics.json): not "
               "training again; pass --retrain (or another --model_dir) to train again")
         return
-    config = lm_common.gpt_config(splits.vocab.size)
-    description = lm_common.model_description(config, length)
+    settings = lm_common.model_settings(splits.vocab.size)
+    description = lm_common.model_description(settings, length)
     lm_common.check_resumable(model_dir_default, backup_dir, description)
     samples = None
     for warning in precision.precision_advice(precision_name):
         print(f"warning: {warning}")
     policy = "float32" if precision_name == "auto" else precision_name
+    _prepare_keras3()
     precision.set_precision(policy)
     with strategy.scope():
-        model = lm_common.build_language_model(splits.vocab.size)
+        model = lm_common.build_language_model(splits.vocab.size, length=length)
+    flavour = flavour_of(model)
+    if flavour == "keras3":
+        with strategy.scope():  # float32 logits (a --model_fn's too); KerasHub's keep their class
+            model = precision.apply_precision(model, policy)
     # --parallel: the stages on devices; --recompute stays per block, inside the stages
     model = parallel_flags.staged_model(model, recompute=False)
     model_dir, logdir = common.run_dirs(strategy, lm_common.MODEL_DIR_PREFIX)
@@ -95,17 +103,16 @@ def main(argv):
     train_logdir = os.path.join(logdir, "train")
     print(f"{splits.source}: {splits.num_characters:,} characters, {splits.vocab.kind} "
           f"vocabulary of {splits.vocab.size}, {len(splits.train):,} training and "
-          f"{len(splits.validation):,} validation tokens; GPT {config.layers} layers x "
-          f"{config.heads} heads x d_model {config.d_model}, context {config.context}: "
-          f"{model.count_params():,} parameters")
+          f"{len(splits.validation):,} validation tokens; {lm_common.model_headline(settings)}"
+          f" ({flavour}): {model.count_params():,} parameters")
     print(f"strategy {FLAGS.strategy}: {distribute.describe(strategy)}; global batch "
           f"{FLAGS.batch_size} = {per_replica_batch} per replica x {replicas} replica(s) of "
           f"{length} tokens; learning rate {learning_rate:g}")
 
     # --- Data, precision/XLA trials if asked, compile.
     data_epoch = resume.EpochCounter()  # epoch k's windows are the same after a resume
-    inputs = lm_common.lm_inputs(splits, length, strategy, epoch=data_epoch.epoch)
-    schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)
+    inputs = lm_common.lm_inputs(splits, length, strategy, epoch=data_epoch.epoch, model=model)
+    schedule = common.lr_schedule(learning_rate, inputs.steps_per_epoch)  # per update
     model, policy, jit_compile, choice = common.auto_precision(  # timed trials, if asked
         model, inputs.train, strategy, precision_name, policy, jit_compile,
         lm_common.compile_from_flags, learning_rate, inputs.steps_per_epoch, replicas)
@@ -118,7 +125,7 @@ def main(argv):
     if FLAGS.parallel != "none":
         parallel_flags.write_stage_table(model, train_logdir)
     summaries.write_text(train_logdir, "model/config", summaries.markdown_table(
-        [{"setting": k, "value": v} for k, v in config.to_json().items()]
+        [{"setting": k, "value": v} for k, v in settings.items()]
         + [{"setting": "parameters", "value": model.count_params()},
            {"setting": "tokenizer", "value": splits.vocab.kind},
            {"setting": "sequence_length", "value": length}]))
@@ -136,16 +143,19 @@ def main(argv):
         extra.append(samples)
     flops = common.model_flops(unsplit, policy, sequence_length=length)  # per window
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
-                                         extra=extra, flops=flops)
+                                         extra=extra, flops=flops, flavour=flavour,
+                                         batch_size=inputs.fit_batch)
     start = time.perf_counter()
     history = model.fit(inputs.train, validation_data=inputs.validation, epochs=FLAGS.epochs,
-                        steps_per_epoch=inputs.steps_per_epoch,
+                        shuffle=False,
+                        steps_per_epoch=inputs.fit_steps,
                         callbacks=fit_callbacks.callbacks, verbose=2)
     train_seconds = time.perf_counter() - start
 
     # --- Evaluate, export (the model without recomputation, in float32 for TFLite), report.
     validation = training.evaluate(model, inputs.validation)
-    exported = precision.apply_precision(gpt.with_recompute(unsplit, False), "float32")
+    exported = precision.apply_precision(
+        unsplit if flavour == "keras3" else gpt.with_recompute(unsplit, False), "float32")
     exports = generate.export_language_model(exported, splits.vocab, model_dir)
     rows = [{"model": "keras", "precision": policy, **lm_common.lm_row(validation["loss"], unit),
              "size_mb": None}]
@@ -162,11 +172,11 @@ def main(argv):
                                 temperature=0.8, seed=FLAGS.seed) if FLAGS.sample_tokens else "")
     metrics = {
         "dataset": FLAGS.dataset, "source": splits.source, "tokenizer": splits.vocab.kind,
-        "vocabulary_size": splits.vocab.size, "model": config.to_json(),
+        "vocabulary_size": splits.vocab.size, "model": settings, "keras": flavour,
         "parameters": int(model.count_params()), "sequence_length": length,
         "epochs": FLAGS.epochs, "steps_per_epoch": FLAGS.steps_per_epoch,
         "batch_size": FLAGS.batch_size, "per_replica_batch_size": per_replica_batch,
-        "steps": int(model.optimizer.iterations.numpy()),
+        "steps": int(model.optimizer.iterations.numpy()),  # updates (Keras 3 accumulating too)
         "validation_loss": validation["loss"],
         f"validation_bits_per_{unit}": rows[0][f"bits_per_{unit}"],
         "validation_perplexity": rows[0]["perplexity"],
@@ -187,7 +197,8 @@ def main(argv):
     io.write_json(os.path.join(model_dir, "metrics.json"), metrics)  # last: the run finished
     if distribute.is_chief(strategy):
         resume.remove_backup(backup_dir)
-    print(f"\nGPT on {splits.source}: validation loss {validation['loss']:.4f} nats/{unit} "
+    print(f"\n{common.model_label()} on {splits.source}: validation loss "
+          f"{validation['loss']:.4f} nats/{unit} "
           f"({rows[0][f'bits_per_{unit}']:.3f} bits, perplexity {rows[0]['perplexity']:.2f}) "
           f"after {metrics['steps']} steps in {train_seconds:.1f}s"
           + (f", {tokens_per_sec:,.0f} tokens/s" if tokens_per_sec else ""))
@@ -196,6 +207,15 @@ def main(argv):
     common.print_utilization(metrics)
     print(f"wrote {model_dir}: model.keras, vocabulary.json, metrics.json, checkpoints/, logs/")
     print(f"inspect: {summaries.tensorboard_command(logdir)}")
+
+
+def _prepare_keras3():
+    """For a Keras 3 model (--model=gpt2, --model_fn): Keras 3 imported before the precision
+    policy is set (so that its policy is set too) and seeded with --seed."""
+    if lm_common.is_keras3_model():
+        from tfaccel.keras import keras3
+
+        keras3().utils.set_random_seed(FLAGS.seed)
 
 
 if __name__ == "__main__":

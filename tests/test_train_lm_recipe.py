@@ -118,7 +118,19 @@ def _binary(tmp_path):
      "pick heads that divide it (e.g. 2) or another d_model"),
     (("--sequence_length=128",), "--sequence_length=128 is larger than the model's context 64: "
      "pass --sequence_length<=64, or --gpt_context>=128"),
-    (("--model=cnn",), "--model=cnn: use one of gpt"),
+    (("--model=cnn",), "--model=cnn: use one of gpt, gpt2"),
+    (("--model=gpt2", "--recompute"), "--recompute cannot train --model=gpt2, a Keras 3 model "
+     "(it recomputes tfaccel's GPT blocks): drop --recompute, or train tfaccel's GPT "
+     "(--model=gpt)"),
+    (("--model=gpt2", "--tie_embeddings"), "--tie_embeddings cannot train --model=gpt2, a "
+     "Keras 3 model (KerasHub's GPT-2 always ties its embedding): drop --tie_embeddings, or "
+     "train tfaccel's GPT (--model=gpt)"),
+    (("--model_fn=my_lms:bigram", "--plan"), "--plan cannot train --model_fn=my_lms:bigram, a "
+     "Keras 3 model (the plan reads the decoder's sizes from the GPT flags, which do not "
+     "describe your model): drop --plan, or train tfaccel's GPT (--model=gpt)"),
+    (("--model=gpt2", "--parallel=pipeline", "--stage_boundaries=block_1_ln_1"),
+     "--parallel cannot train --model=gpt2, a Keras 3 model (the stages place tf_keras "
+     "layers): drop --parallel, or train tfaccel's GPT (--model=gpt)"),
 ])
 def test_bad_flag_one_line_before_tensorflow(tmp_path, args, line):
     check_flag_error("train_lm", f"--model_dir={tmp_path / 'run'}", *args, line=line)
@@ -259,3 +271,163 @@ def test_pipeline_stages_train_like_the_unsplit_model(tmp_path):
     logs = tmp_path / "pipeline" / "logs" / "train"
     table = summaries.read_text_summaries(logs)["parallel/stages"]
     assert "block_1_ln_1 .." in table
+
+
+# ------------------------------------------------------------------ a model you bring
+
+USER_LMS = '''
+import keras
+
+
+def bigram(vocabulary_size, sequence_length):
+    """A causal LM of the simplest kind: position t's logits from token t alone."""
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.Embedding(vocabulary_size, 16)(ids)
+    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
+
+
+def pooled(vocabulary_size, sequence_length):
+    """Not a language model: one prediction per window."""
+    ids = keras.Input((None,), dtype="int32")
+    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(vocabulary_size, 8)(ids))
+    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
+'''
+
+
+@pytest.fixture
+def user_lms(tmp_path):
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / "my_lms.py").write_text(USER_LMS)
+    return {"PYTHONPATH": str(folder)}
+
+
+def test_keras_hub_missing_is_one_line_before_tensorflow(tmp_path):
+    hidden = tmp_path / "hide"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text("import sys\nsys.modules['keras_hub'] = None\n")
+    check_flag_error("train_lm", f"--model_dir={tmp_path / 'run'}", "--model=gpt2",
+                     env={"PYTHONPATH": str(hidden)},
+                     line="--model=gpt2 needs KerasHub, which is not installed: pip install "
+                     "-e '.[hub]' (keras-hub 0.32), or train tfaccel's GPT (--model=gpt)")
+
+
+@pytest.mark.parametrize("spec,line", [
+    ("no_such_module:build", "--model_fn='no_such_module:build': cannot import "
+     "'no_such_module' (no module named 'no_such_module'): put the folder holding it on "
+     "PYTHONPATH, e.g. PYTHONPATH=/path/to/folder (the current folder is not searched)"),
+    pytest.param("my_lms:pooled", "--model_fn='my_lms:pooled': the model maps token ids "
+                 "[1, 32] to outputs of shape (1, 104), not logits (1, 32, 104): return a causal "
+                 "LM whose last layer gives one logit per vocabulary entry at every position",
+                 marks=pytest.mark.slow),
+])
+def test_bad_model_fn_one_line_before_training(tmp_path, user_lms, spec, line):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", f"--model_fn={spec}", *SMALL,
+                      timeout=300, env=user_lms)
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [f"error: {line}"], proc.stderr[-2000:]
+    assert "Epoch 1/" not in proc.stdout and not (model_dir / "metrics.json").exists()
+
+
+HUB_SMALL = ("--model=gpt2", "--gpt_heads=2")  # with SMALL: 2 layers, d_model 32, context 32
+
+
+@pytest.fixture(scope="module")
+def hub_run(tmp_path_factory):
+    pytest.importorskip("keras_hub")
+    model_dir = tmp_path_factory.mktemp("hub") / "run"
+    return (model_dir, *_train(model_dir, *HUB_SMALL, "--grad_accum_steps=2"))
+
+
+@pytest.mark.slow
+def test_keras_hub_gpt2_trains_exports_and_logs_like_the_gpt(hub_run):
+    model_dir, proc, metrics = hub_run
+    assert {"model.keras", "vocabulary.json", "model.tflite", "model_int8.tflite",
+            "metrics.json", "logs", "checkpoints"} <= set(os.listdir(model_dir))
+    assert metrics["keras"] == "keras3" and metrics["model"]["model"] == "keras_hub.GPT2CausalLM"
+    assert metrics["model"]["layers"] == 2 and metrics["model"]["d_model"] == 32
+    # Keras 3 accumulates in its optimizer: 2 micro-batches of 6 an update, 60 updates.
+    assert metrics["steps"] == 60 and metrics["grad_accum_steps"] == 2
+    loss = metrics["validation_loss"]
+    assert 0 < loss < TRAINED
+    rows = {r["model"]: r for r in metrics["export_validation"]}
+    assert rows["model.tflite"]["loss"] == pytest.approx(loss, rel=1e-3)
+    assert rows["model_int8.tflite"]["loss"] == pytest.approx(loss, rel=0.05)
+    assert 0 < metrics["mfu"] < 1 and metrics["tokens_per_sec"] > 0
+    assert len(metrics["samples_per_epoch"]) == 2
+    train = summaries.read_scalars(model_dir / "logs" / "train")
+    validation = summaries.read_scalars(model_dir / "logs" / "validation")
+    for tag in ("epoch_loss", "epoch_bits_per_char", "epoch_tokens_per_sec", "learning_rate"):
+        assert tag in train, (tag, sorted(train))
+    assert validation["epoch_loss"][-1][1] == pytest.approx(loss, rel=1e-4)
+    assert "samples/generated" in summaries.read_text_summaries(model_dir / "logs" / "train")
+    assert "KerasHub GPT2CausalLM 2 layers x 2 heads x d_model 32" in proc.stdout
+
+
+@pytest.mark.slow
+def test_generate_recipe_samples_the_keras_hub_model_cached_or_not(hub_run):
+    model_dir = hub_run[0]
+    args = (f"--model_dir={model_dir}", "--prompt=The ", "--max_new_tokens=40",
+            "--temperature=0")
+    cached, uncached = run_recipe("generate", *args), run_recipe("generate", *args,
+                                                                 "--nouse_cache")
+    assert cached.returncode == 0, cached.stderr[-2000:]
+    assert cached.stdout.startswith("The ") and len(cached.stdout.rstrip("\n")) == 44
+    assert uncached.returncode == 0 and uncached.stdout == cached.stdout
+
+
+@pytest.mark.slow
+def test_model_fn_language_model_trains_and_generates(tmp_path, user_lms):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", "--epochs=1",
+                      "--model_fn=my_lms:bigram", "--learning_rate=0.01", *SMALL, env=user_lms)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["model"]["model_fn"] == "my_lms:bigram" and metrics["keras"] == "keras3"
+    assert metrics["steps"] == 30 and metrics["validation_loss"] < 4.5  # ln(104) = 4.64
+    sample = run_recipe("generate", f"--model_dir={model_dir}", "--max_new_tokens=10",
+                        env=user_lms)
+    assert sample.returncode == 0 and sample.stdout.startswith("The "), sample.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_keras_hub_gpt2_resumes_after_kill_9_to_the_same_result(tmp_path):
+    pytest.importorskip("keras_hub")
+    from conftest import RECIPES
+    from test_resume import _env, _Run
+
+    epochs, common_args = 3, ("--backup_freq=epoch", "--notflite", *SMALL, *HUB_SMALL)
+    _, straight = _train(tmp_path / "straight", *common_args[:2], *HUB_SMALL, epochs=epochs)
+    model_dir = tmp_path / "killed"
+    command = [os.sys.executable, os.path.join(RECIPES, "train_lm.py"),
+               f"--model_dir={model_dir}", f"--epochs={epochs}", *common_args]
+    first = _Run(command)
+    try:
+        assert first.wait_for(lambda: resume.read_backup(model_dir / "backup") is not None)
+    finally:
+        assert first.kill() == -signal.SIGKILL, first.output[-3000:]
+    backup = resume.read_backup(model_dir / "backup")
+    assert backup is not None and 1 <= backup.epoch < epochs
+    second = subprocess.run(command, env=_env(), text=True, capture_output=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = json.loads((model_dir / "metrics.json").read_text())
+    assert resumed["resumed_at_epoch"] == backup.epoch + 1
+    assert resumed["steps"] == straight["steps"] == epochs * 30
+    assert resumed["validation_loss"] == pytest.approx(straight["validation_loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [
+    ("--strategy=mirrored", "--cpu_devices=2", "--grad_accum_steps=2"),  # tfaccel's micro-batches
+    ("--precision=mixed_bfloat16",),
+])
+def test_keras_hub_gpt2_trains_mirrored_and_in_bfloat16(tmp_path, extra):
+    pytest.importorskip("keras_hub")
+    _, metrics = _train(tmp_path / "run", *HUB_SMALL, "--notflite", *extra)
+    assert metrics["keras"] == "keras3" and metrics["steps"] == 60
+    assert metrics["validation_loss"] < TRAINED
+    if "--strategy=mirrored" in extra:
+        assert metrics["distribution"]["replicas"] == 2
+    else:
+        assert metrics["precision"] == "mixed_bfloat16"

@@ -55,6 +55,7 @@ _EXPORTS = {
     "tfaccel.train.language_model": [
         "compile_language_model", "LanguageModelMetrics", "SampleLogger",
     ],
+    "tfaccel.train.causal_lm": ["keras_hub_gpt2", "language_model_from_fn"],
     "tfaccel.train.training": [
         "make_optimizer", "compile_classifier", "evaluate", "export_model",
         "StopOnNonFiniteLoss", "read_finished_run",

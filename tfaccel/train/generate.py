@@ -1,6 +1,6 @@
 """Sampling text from a language model, and saving or loading a model with its vocabulary.
 
-A language model is a tf_keras model from token ids `[batch, T]` to float32 logits
+A language model is a model (either Keras) from token ids `[batch, T]` to float32 logits
 `[batch, T, vocabulary]` whose position t sees only tokens 0..t (causal), such as
 `tfaccel.train.gpt.build_gpt`'s, or a KerasHub causal LM. `generate` continues a prompt
 one token at a time, on one fixed-shape window of `context` tokens (the text so far,
@@ -23,6 +23,7 @@ Example:
 """
 
 import os
+import warnings
 import weakref
 
 import numpy as np
@@ -31,7 +32,7 @@ import tensorflow as tf
 from tfaccel.data.text import load_vocabulary
 from tfaccel.errors import ConfigError, DataError, ModelError, first_line
 from tfaccel.io import atomic_path
-from tfaccel.keras import keras
+from tfaccel.keras import keras_for, saved_flavour
 from tfaccel.train.gpt import gpt_config_of
 from tfaccel.train.gpt_layers import check_context
 from tfaccel.train.kv_cache import decoder_for, keras_hub_context, model_inputs
@@ -65,7 +66,7 @@ def model_context(model, context=None):
     if longest is not None:
         return longest
     shape = model.inputs[0].shape if getattr(model, "inputs", None) else None
-    if shape is not None and shape.rank == 2 and shape[1] is not None:
+    if shape is not None and len(shape) == 2 and shape[1] is not None:  # either Keras
         return int(shape[1])
     raise ModelError(f"cannot tell how many tokens model {model.name!r} sees at once (it "
                      "takes any length and has no GPT configuration): pass context=")
@@ -284,7 +285,9 @@ def load_language_model(directory):
     """The (model, vocabulary) pair `export_language_model` wrote to `directory`.
 
     The model is loaded without its optimizer's compilation (compile it again to
-    train on); tfaccel's GPT layers are registered first.
+    train on), in the Keras that wrote it: tfaccel's GPT in tf_keras (its layers are
+    registered first), a Keras 3 model such as a KerasHub causal LM in Keras 3 (which
+    imports KerasHub's classes itself).
 
     Raises:
       ModelError: a file is missing or unreadable, or the two do not match.
@@ -299,9 +302,12 @@ def load_language_model(directory):
                          "export_language_model (or recipes/train_lm.py) writes them")
     vocab = load_vocabulary(os.path.join(directory, VOCABULARY_FILE))
     path = os.path.join(directory, MODEL_FILE)
+    flavour, _ = saved_flavour(path)  # a Keras 3 file (a KerasHub causal LM) loads in Keras 3
     try:
-        model = keras.models.load_model(path, compile=False)
-    except (OSError, ValueError, TypeError, KeyError) as e:
+        with warnings.catch_warnings():  # a KerasHub task compiles itself in __init__
+            warnings.filterwarnings("ignore", "Skipping variable loading for optimizer")
+            model = keras_for(flavour).models.load_model(path, compile=False)
+    except (OSError, ValueError, TypeError, KeyError, ImportError) as e:
         raise ModelError(f"cannot load {path}: {first_line(e)}; export it again with "
                          "export_language_model") from None
     check_vocabulary(model, vocab)

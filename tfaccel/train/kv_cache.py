@@ -55,10 +55,22 @@ def is_keras_hub_causal_lm(model):
     return is_keras3_object(model) and callable(getattr(model, "call_with_cache", None))
 
 
+def takes_token_dict(model):
+    """True for a model taking KerasHub's `{"token_ids", "padding_mask"}` (a KerasHub causal
+    LM, or a functional model of your own with those inputs)."""
+    if is_keras_hub_causal_lm(model):
+        return True
+    try:
+        inputs = model.input
+    except (AttributeError, ValueError):  # not built, or subclassed
+        return False
+    return isinstance(inputs, dict) and "token_ids" in inputs
+
+
 def model_inputs(model, window):
     """What `model` takes for token ids `window` `[batch, T]`: the ids, or KerasHub's dict
     (all ids real: the causal mask keeps right padding from the positions read)."""
-    if is_keras_hub_causal_lm(model):
+    if takes_token_dict(model):
         return {"token_ids": window, "padding_mask": tf.ones_like(window, tf.bool)}
     return window
 

@@ -1,7 +1,8 @@
 """Training a next-token language model: its loss, its epoch metrics, and text samples.
 
-A language model here is any tf_keras model from token ids `[batch, T]` to float32 logits
-`[batch, T, vocabulary]` (`tfaccel.train.gpt.build_gpt` makes one). It compiles with the
+A language model here is any model from token ids `[batch, T]` to float32 logits
+`[batch, T, vocabulary]`: tfaccel's GPT (`tfaccel.train.gpt.build_gpt`, tf_keras), or a
+Keras 3 / KerasHub causal LM (`tfaccel.train.causal_lm`). It compiles with the
 mean next-token cross-entropy in nats (what "validation loss 1.37" means in nanoGPT's
 reports too), and two callbacks turn that loss into the numbers people compare:
 `LanguageModelMetrics` adds bits per character (or byte) and perplexity, for training and
@@ -24,20 +25,28 @@ Example:
 import math
 
 from tfaccel import summaries
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.errors import ConfigError
+from tfaccel.keras import is_keras3_object, keras, keras_of
 from tfaccel.train.generate import generate, model_context
 
 UNITS = {"char": "char", "byte": "byte"}  # tokenizer -> what one token is
 
 
 def compile_language_model(model, optimizer, jit_compile=False, steps_per_execution=1):
-    """Compiles `model` (logits out) for next-token targets: cross-entropy from logits, in
-    nats per token, and next-token accuracy."""
-    ensure_tf_keras(model)
+    """Compiles `model` (logits out, either Keras: tfaccel's GPT or a Keras 3 / KerasHub
+    causal LM) for next-token targets: cross-entropy from logits, in nats per token, and
+    next-token accuracy. The optimizer must be of the model's Keras
+    (`make_optimizer(flavour=...)`)."""
+    keras = keras_of(model)
+    if keras_of(optimizer) is not keras:
+        raise ConfigError(f"the optimizer is a {keras_of(optimizer).__name__} one but model "
+                          f"{model.name!r} is a {keras.__name__} model: make it with "
+                          "make_optimizer(..., flavour=tfaccel.keras.flavour_of(model))")
+    extra = {"weighted_metrics": None} if is_keras3_object(model) else {}  # not KerasHub's own
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")], **extra,
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )

@@ -176,6 +176,18 @@ def as_flavour(model, flavour, what="model"):
 
 def model_from_fn(spec, input_shape, num_classes):
     """Calls a user function 'package.module:function'(input_shape, num_classes)."""
+    return call_model_fn(spec, input_shape=tuple(input_shape), num_classes=int(num_classes))
+
+
+def call_model_fn(spec, **kwargs):
+    """The Keras model (either Keras) a user function 'package.module:function'(**kwargs)
+    returns; every way it can fail (no such module or function, the wrong signature, an
+    exception in the user's code, not a model) is one ModelError line naming the fix.
+
+    Example:
+
+        call_model_fn("my_models:tiny_lm", vocabulary_size=104, sequence_length=64)
+    """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ModelError(f"--model_fn={spec!r} must look like package.module:function")
@@ -197,20 +209,20 @@ def model_from_fn(spec, input_shape, num_classes):
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ModelError(f"--model_fn={spec!r}: module {module_name!r} has no function {attr!r}")
-    kwargs = {"input_shape": tuple(input_shape), "num_classes": int(num_classes)}
+    names = ", ".join(kwargs)
+    call = ", ".join(f"{k}={v}" for k, v in kwargs.items())
     try:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as e:
         raise ModelError(f"--model_fn={spec!r}: your function cannot be called as "
-                         f"{attr}(input_shape=..., num_classes=...) ({e}): define it as "
-                         f"def {attr}(input_shape, num_classes)") from None
+                         f"{attr}({', '.join(f'{k}=...' for k in kwargs)}) ({e}): define it as "
+                         f"def {attr}({names})") from None
     except ValueError:  # no signature to inspect (a builtin): let the call decide
         pass
     try:
         model = fn(**kwargs)
     except Exception as e:  # the user's code: any exception, reported as theirs
-        raise ModelError(f"--model_fn={spec!r}: your function {attr}(input_shape="
-                         f"{kwargs['input_shape']}, num_classes={num_classes}) raised "
+        raise ModelError(f"--model_fn={spec!r}: your function {attr}({call}) raised "
                          f"{first_line(e, with_type=True)}{_where(e, fn)}: fix that function "
                          "(the error is in your code, not in tfaccel)") from None
     if not hasattr(model, "fit"):
