@@ -6,6 +6,7 @@
     python recipes/train_lm.py --strategy=mirrored --cpu_devices=2      # 2 replicas, no GPU
     python recipes/train_lm.py --parallel=pipeline --stage_boundaries=block_2_ln_1 \
         --micro_batches=4 --cpu_devices=2                              # 2 stages, GPipe
+    python recipes/train_lm.py --precision=float32 --jit_compile=false --profile_steps=20,24
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
     tensorboard --logdir runs/lm-text-gpt/logs --host localhost
 
@@ -14,6 +15,9 @@ tokens (the defaults: 8 x 250 steps of 12 x 64 characters); after each, the vali
 loss over the last 10% of the text and a sample from --prompt. The learning rate warms up
 for half an epoch, then follows a cosine to a tenth of --learning_rate. Rerunning the same
 command after a crash resumes from the backup (epoch k sees the same windows either way).
+By default the precision and XLA are what wins on this machine (--precision=auto,
+--jit_compile=auto: timed trials within --auto_budget_seconds, their table printed and
+logged); --profile_steps traces chosen steps with TensorFlow's profiler.
 
 Writes to --model_dir: TensorBoard logs (loss, accuracy, bits per character, perplexity,
 tokens/s, learning rate, peak memory; the samples under Text), checkpoints/, the model
@@ -36,6 +40,11 @@ parallel_flags.define_parallel_flags(recompute=False)  # --recompute is the bloc
 flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
                   "int8) and report their validation losses beside the Keras model's.")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
+flags.DEFINE_list("profile_steps", [], "start,stop (e.g. 20,24): trace these training steps "
+                  "with TensorFlow's profiler into logs/train/plugins/profile (TensorBoard's "
+                  "Profile tab) and print the time in each kind of op.")
+common.require_ints("profile_steps", "start,stop: two step numbers, start <= stop", count=2,
+                    example="20,24", rule=lambda ints: ints[0] <= ints[1], allow_empty=True)
 
 
 def main(argv):
@@ -44,7 +53,7 @@ def main(argv):
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, plan
+    from tfaccel.performance import accumulate, plan, step_profile
     from tfaccel.train import generate, gpt, language_model, precision, resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -134,6 +143,8 @@ def main(argv):
         samples = language_model.SampleLogger(train_logdir, splits.vocab, FLAGS.prompt,
                                               FLAGS.sample_tokens, seed=FLAGS.seed)
         extra.append(samples)
+    if FLAGS.profile_steps:
+        extra.append(step_profile.ProfileSteps(train_logdir, *common.int_list(FLAGS.profile_steps)))
     flops = common.model_flops(unsplit, policy, sequence_length=length)  # per window
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
                                          extra=extra, flops=flops)

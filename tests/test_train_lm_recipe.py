@@ -21,7 +21,8 @@ from tfaccel.train import resume
 # An untrained SMALL model's validation loss is ln(104) = 4.64 (measured 4.64-4.67 over seeds);
 # 60 steps take it to about 3.3.
 TRAINED = 3.9
-SMALL = ("--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32", "--steps_per_epoch=30",
+SMALL = ("--precision=float32", "--jit_compile=false",  # no timed trials (the default: auto)
+         "--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32", "--steps_per_epoch=30",
          "--sample_tokens=40", "--monitor_every_n_steps=0")
 
 
