@@ -337,6 +337,11 @@ def test_under_heavy_load_a_setting_is_not_started_when_it_cannot_fit():
         assert rows[key]["note"].startswith("not tried: the trials' 20 s budget was spent")
     assert choice.seconds == pytest.approx(rows[F32]["seconds"])
     assert (choice.precision, choice.jit_compile) == ("float32", False)
+    # Its timing is a steady step's, not the traced one's, so the default budget (a tenth of
+    # an epoch of 400 steps, or 60 s) is not inflated by a 30 s trace.
+    assert rows[F32]["ms_per_step"] == pytest.approx(1000 * PLAIN_STEPS[F32])
+    choice = _search(FakeMachine(PLAIN_STEPS, trace=30.0), PLAIN_CPU, steps_per_epoch=400)
+    assert choice.budget_seconds == 60
     # 8 s traces: float32's first steps (8.2 s) exceed each 5 s share: nothing else starts.
     machine = FakeMachine(PLAIN_STEPS, trace=8.0)
     choice = _search(machine, PLAIN_CPU, budget_seconds=20)

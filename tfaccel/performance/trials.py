@@ -113,12 +113,13 @@ class _Search:
     def left(self, key):
         return self.total() / self.settings - self.rows[key]["seconds"]
 
-    def run(self, key, kind, steps):
+    def run(self, key, kind, steps, bounded=True):
         row = self.rows.setdefault(key, {"seconds": 0.0, "rounds": 0, "timing": None,
                                          "status": None, "note": ""})
         began = self.clock()
         with precision.precision_scope(key[0]):
-            times = list(self.measure(key, kind, steps, began + self.left(key)))
+            deadline = began + self.left(key) if bounded else float("inf")
+            times = list(self.measure(key, kind, steps, deadline))
         row["last"] = self.clock() - began
         row["seconds"] += row["last"]
         return times
@@ -242,7 +243,10 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
         if key != baseline and expected > s.left(key):
             return s.end(key, BUDGET_SPENT, f"{max(s.left(key), 0):.1f} s of its share left, "
                          f"its full-batch warm-up would take about {expected:.1f} s")
-        times = s.run(key, WARMUP, warmup)
+        # The baseline always takes its full warm-up: the budget (a tenth of an epoch) and
+        # every ratio come from its step time, which must not be the traced first step's.
+        times = s.run(key, WARMUP, max(warmup, 2) if key == baseline else warmup,
+                      bounded=key != baseline)
         s.rows[key]["pace"], cost[key, WARMUP] = times[-1], s.rows[key]["last"]
         if key == baseline:  # the fallback must have a timing, even out of budget
             s.rows[key]["timing"] = min(times[1:] or times)
