@@ -154,6 +154,22 @@ def test_bad_input_one_line_no_traceback(tmp_path, args, line):
 
 
 @pytest.mark.slow
+def test_by_default_the_precision_and_xla_are_measured_and_the_winner_trains(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", "--epochs=1", "--notflite",
+                      "--auto_budget_seconds=30", *SMALL[2:])  # without the pinned settings
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    match = re.search(r"auto chose precision (\S+), jit_compile (\S+) \(trials ([\d.]+) s of a "
+                      r"30 s budget\)", proc.stdout)
+    assert match, proc.stdout[-3000:]
+    assert (metrics["precision"], str(metrics["jit_compile"])) == match.groups()[:2]
+    assert "| float32 | False |" in proc.stdout  # the baseline's row of the trials' table
+    texts = summaries.read_text_summaries(model_dir / "logs" / "train")
+    assert "| status |" in texts["performance/auto_precision"]
+
+
+@pytest.mark.slow
 def test_byte_level_model_takes_any_prompt(tmp_path):
     model_dir = tmp_path / "run"
     _, metrics = _train(model_dir, "--tokenizer=byte", "--prompt=naïve ☃ ", "--notflite",
