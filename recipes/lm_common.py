@@ -95,6 +95,10 @@ def define_flags():
     common.define_backup_flags(default_freq=common.TRAIN_BACKUP_FREQ)
     common.define_schedule_flags("cosine", warmup_epochs=0.5, min_lr_ratio=0.1)
     common.define_performance_flags(batch_search=False)
+    # What wins on the machine at hand, measured (docs/language-models.md, "Speed"): the
+    # trials' table is printed and logged; pass --precision/--jit_compile to skip them.
+    FLAGS.set_default("precision", "auto")
+    FLAGS.set_default("jit_compile", "auto")
     flags.DEFINE_string("prompt", "The ", "Text the per-epoch samples (and metrics.json's) "
                         "start from.", module_name=TRAINING)
     flags.DEFINE_integer("sample_tokens", 200, "Tokens of each per-epoch sample (0: none).",

@@ -8,6 +8,7 @@
         --micro_batches=4 --cpu_devices=2                              # 2 stages, GPipe
     python recipes/train_lm.py --model=gpt2          # KerasHub's GPT2CausalLM, the same sizes
     PYTHONPATH=my_folder python recipes/train_lm.py --model_fn=my_lms:build   # your Keras 3 LM
+    python recipes/train_lm.py --precision=float32 --jit_compile=false --profile_steps=20,24
     python recipes/generate.py --model_dir=runs/lm-text-gpt --prompt="The "
     tensorboard --logdir runs/lm-text-gpt/logs --host localhost
 
@@ -16,6 +17,9 @@ tokens (the defaults: 8 x 250 steps of 12 x 64 characters); after each, the vali
 loss over the last 10% of the text and a sample from --prompt. The learning rate warms up
 for half an epoch, then follows a cosine to a tenth of --learning_rate. Rerunning the same
 command after a crash resumes from the backup (epoch k sees the same windows either way).
+By default the precision and XLA are what wins on this machine (--precision=auto,
+--jit_compile=auto: timed trials within --auto_budget_seconds, their table printed and
+logged); --profile_steps traces chosen steps with TensorFlow's profiler.
 
 Writes to --model_dir: TensorBoard logs (loss, accuracy, bits per character, perplexity,
 tokens/s, learning rate, peak memory; the samples under Text), checkpoints/, the model
@@ -39,6 +43,11 @@ lm_common.check_model_flags()  # --model=gpt2/--model_fn: the GPT-only flags ref
 flags.DEFINE_bool("tflite", True, "Export model.tflite and model_int8.tflite (dynamic-range "
                   "int8) and report their validation losses beside the Keras model's.")
 flags.DEFINE_bool("retrain", False, "Train again even if --model_dir holds a finished run.")
+flags.DEFINE_list("profile_steps", [], "start,stop (e.g. 20,24): trace these training steps "
+                  "with TensorFlow's profiler into logs/train/plugins/profile (TensorBoard's "
+                  "Profile tab) and print the time in each kind of op.")
+common.require_ints("profile_steps", "start,stop: two step numbers, start <= stop", count=2,
+                    example="20,24", rule=lambda ints: ints[0] <= ints[1], allow_empty=True)
 
 
 def main(argv):
@@ -47,7 +56,7 @@ def main(argv):
     from tfaccel import distribute, io, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import flavour_of, keras
-    from tfaccel.performance import accumulate, plan
+    from tfaccel.performance import accumulate, plan, step_profile
     from tfaccel.train import generate, gpt, language_model, precision, resume, training
 
     # --- Inputs: everything that can be wrong is checked before anything is written.
@@ -141,6 +150,8 @@ def main(argv):
         samples = language_model.SampleLogger(train_logdir, splits.vocab, FLAGS.prompt,
                                               FLAGS.sample_tokens, seed=FLAGS.seed)
         extra.append(samples)
+    if FLAGS.profile_steps:
+        extra.append(step_profile.ProfileSteps(train_logdir, *common.int_list(FLAGS.profile_steps)))
     flops = common.model_flops(unsplit, policy, sequence_length=length)  # per window
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
                                          extra=extra, flops=flops, flavour=flavour,

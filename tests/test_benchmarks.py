@@ -330,6 +330,7 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
     out = tmp_path / "lm"
     proc = _run("bench_lm", "--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32",
                 "--steps_per_epoch=20", "--epochs=3", "--rounds=1", "--sample_tokens=20",
+                "--precision=float32", "--jit_compile=false",  # no trials: the next test's
                 f"--output_dir={out}")
     assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: the target missed, measured
     result = json.loads((out / "bench_lm.json").read_text())
@@ -356,6 +357,36 @@ def test_bench_lm_times_the_language_model_recipe_against_a_bare_fit(tmp_path):
     assert re.search(r"(PASS|FAIL)  training tokens/s recipe/bare [\d.]+", proc.stdout)
     _png_size(out / "bench_lm.png")
     assert "bench/lm" in summaries.read_text_summaries(out / "logs")
+    assert result["settings"] == {side: {"precision": "float32", "jit_compile": False}
+                                  for side in ("bare", "recipe")}  # no float32 side: the same
+    assert result["trials"] is None and result["target"]["min_ratio"] == 0.97
+
+
+@pytest.mark.slow
+def test_bench_lm_by_default_trains_with_what_the_trials_chose_beside_float32(tmp_path):
+    out = tmp_path / "lm"
+    proc = _run("bench_lm", "--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32",
+                "--steps_per_epoch=20", "--epochs=3", "--rounds=1", "--sample_tokens=0",
+                "--auto_budget_seconds=60", f"--output_dir={out}")
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    result = json.loads((out / "bench_lm.json").read_text())
+    trials = result["trials"]
+    assert trials["budget_seconds"] == 60 and len(trials["table"]) >= 3
+    chosen = {"precision": result["config"]["precision"],
+              "jit_compile": result["config"]["jit_compile"]}
+    assert "auto chose precision" in proc.stdout and "| status |" in proc.stdout
+    assert result["settings"]["bare"] == result["settings"]["recipe"] == chosen
+    sides = [r["side"] for r in result["runs"]]
+    if chosen == {"precision": "float32", "jit_compile": False}:
+        assert sides == ["bare", "recipe"] and result["speedup_over_float32"] == 1.0
+    else:  # float32 without XLA, timed beside: what the choice gained
+        assert sides == ["bare", "recipe", "float32"]
+        rates = result["tokens_per_sec"]
+        assert result["speedup_over_float32"] == pytest.approx(rates["bare"] / rates["float32"])
+        assert result["mfu"]["float32"] == pytest.approx(
+            rates["float32"] * result["flops_per_token"]
+            / result["peaks"]["float32"]["flops_per_second"])
+    assert re.search(r"training tokens/s x[\d.]+ float32 without XLA's", proc.stdout)
 
 
 @pytest.mark.slow

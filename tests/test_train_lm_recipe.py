@@ -21,7 +21,8 @@ from tfaccel.train import resume
 # An untrained SMALL model's validation loss is ln(104) = 4.64 (measured 4.64-4.67 over seeds);
 # 60 steps take it to about 3.3.
 TRAINED = 3.9
-SMALL = ("--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32", "--steps_per_epoch=30",
+SMALL = ("--precision=float32", "--jit_compile=false",  # no timed trials (the default: auto)
+         "--gpt_layers=2", "--gpt_d_model=32", "--gpt_context=32", "--steps_per_epoch=30",
          "--sample_tokens=40", "--monitor_every_n_steps=0")
 
 
@@ -162,6 +163,22 @@ def test_bad_input_one_line_no_traceback(tmp_path, args, line):
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [f"error: {line.format(**paths)}"], proc.stderr
     assert not os.path.exists(model_dir / "metrics.json")
+
+
+@pytest.mark.slow
+def test_by_default_the_precision_and_xla_are_measured_and_the_winner_trains(tmp_path):
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train_lm", f"--model_dir={model_dir}", "--epochs=1", "--notflite",
+                      "--auto_budget_seconds=30", *SMALL[2:])  # without the pinned settings
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    match = re.search(r"auto chose precision (\S+), jit_compile (\S+) \(trials ([\d.]+) s of a "
+                      r"30 s budget\)", proc.stdout)
+    assert match, proc.stdout[-3000:]
+    assert (metrics["precision"], str(metrics["jit_compile"])) == match.groups()[:2]
+    assert "| float32 | False |" in proc.stdout  # the baseline's row of the trials' table
+    texts = summaries.read_text_summaries(model_dir / "logs" / "train")
+    assert "| status |" in texts["performance/auto_precision"]
 
 
 @pytest.mark.slow

@@ -323,6 +323,33 @@ def test_each_setting_gets_its_share_of_the_budget():
     assert (choice.precision, choice.jit_compile) == ("float32", False)
 
 
+def test_under_heavy_load_a_setting_is_not_started_when_it_cannot_fit():
+    # Every trace takes 30 s (a loaded machine): float32's first steps alone spend more than
+    # the whole 20 s budget, so no other setting starts (a step cannot be cut short).
+    machine = FakeMachine(PLAIN_STEPS, trace=30.0)
+    choice = _search(machine, PLAIN_CPU, budget_seconds=20)
+    rows = _rows(choice)
+    assert list(rows) == [F32, F16, BF16, F32_XLA]
+    assert [k for k, _, _ in machine.calls] == [F32, F32]  # its first steps, its warm-up
+    assert "over the trials' whole 20 s budget: no other setting tried" in rows[F32]["note"]
+    for key in (F16, BF16, F32_XLA):
+        assert rows[key]["status"] == "budget spent" and rows[key]["seconds"] == 0
+        assert rows[key]["note"].startswith("not tried: the trials' 20 s budget was spent")
+    assert choice.seconds == pytest.approx(rows[F32]["seconds"])
+    assert (choice.precision, choice.jit_compile) == ("float32", False)
+    # Its timing is a steady step's, not the traced one's, so the default budget (a tenth of
+    # an epoch of 400 steps, or 60 s) is not inflated by a 30 s trace.
+    assert rows[F32]["ms_per_step"] == pytest.approx(1000 * PLAIN_STEPS[F32])
+    choice = _search(FakeMachine(PLAIN_STEPS, trace=30.0), PLAIN_CPU, steps_per_epoch=400)
+    assert choice.budget_seconds == 60
+    # 8 s traces: float32's first steps (8.2 s) exceed each 5 s share: nothing else starts.
+    machine = FakeMachine(PLAIN_STEPS, trace=8.0)
+    choice = _search(machine, PLAIN_CPU, budget_seconds=20)
+    rows = _rows(choice)
+    assert {k for k, _, _ in machine.calls} == {F32}
+    assert "first steps took 8.2 s, more than this setting's 5.0 s share" in rows[BF16]["note"]
+
+
 def test_default_budget_is_a_tenth_of_an_epoch_or_60_seconds():
     steps = {**PLAIN_STEPS, F32: 2.0}
     choice = _search(FakeMachine(steps), PLAIN_CPU, steps_per_epoch=5000, jit_options=(False,))

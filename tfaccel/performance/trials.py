@@ -7,7 +7,10 @@ trials have a time budget (by default 10% of one epoch or 60 s, whichever is
 larger), shared equally by the settings; each setting's copying, tracing, XLA
 compilation and steps count against its share, and a setting whose first steps
 (on a small batch) are far slower than float32's is dropped before it trains a
-full-size step. `search_settings` is the same search around any `measure`
+full-size step. A step cannot be stopped once started, so under heavy load the
+budget is kept by not starting: a setting is not tried (and says so in the table)
+once the budget is spent, or when float32's first steps alone took longer than its
+share. `search_settings` is the same search around any `measure`
 function, which is how its rules are tested.
 
 The batch-size search (`--batch_size=auto`) is `tfaccel.performance.batch_search`;
@@ -110,19 +113,41 @@ class _Search:
     def left(self, key):
         return self.total() / self.settings - self.rows[key]["seconds"]
 
-    def run(self, key, kind, steps):
+    def run(self, key, kind, steps, bounded=True):
         row = self.rows.setdefault(key, {"seconds": 0.0, "rounds": 0, "timing": None,
                                          "status": None, "note": ""})
         began = self.clock()
         with precision.precision_scope(key[0]):
-            times = list(self.measure(key, kind, steps, began + self.left(key)))
+            deadline = began + self.left(key) if bounded else float("inf")
+            times = list(self.measure(key, kind, steps, deadline))
         row["last"] = self.clock() - began
         row["seconds"] += row["last"]
         return times
 
     def end(self, key, status, note):
-        self.rows[key].update(status=status, note=note)
+        self.rows[key].update(status=status,
+                              note="; ".join(n for n in (self.rows[key]["note"], note) if n))
         logging.info("auto trial %s jit_compile=%s %s: %s", *key, status, note)
+
+    def spent(self):
+        return self.clock() - self.start
+
+    def affordable(self, key, baseline_first):
+        """False (and `key` ended, not tried) when the budget is spent, or when the baseline's
+        first steps (copy, tracing, small steps) took longer than `key`'s whole share: a step
+        cannot be stopped once started, so a setting is not started unless it can fit."""
+        self.rows[key] = {"seconds": 0.0, "rounds": 0, "timing": None, "status": None,
+                          "note": ""}
+        if self.spent() >= self.total():
+            self.end(key, BUDGET_SPENT, f"not tried: the trials' {self.total():.0f} s budget "
+                     f"was spent ({self.spent():.1f} s so far)")
+            return False
+        if baseline_first > self.left(key):
+            self.end(key, BUDGET_SPENT, f"not tried: {self.baseline[0]}'s first steps took "
+                     f"{baseline_first:.1f} s, more than this setting's {self.left(key):.1f} s "
+                     "share")
+            return False
+        return True
 
     def live(self, keys):
         return [k for k in keys if self.rows[k]["status"] is None]
@@ -154,7 +179,11 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
     when the share left is less than the baseline's warm-up scaled by how much
     longer this setting's first steps took, a round gets the steps its pace
     says fit, and a setting out of budget keeps the rounds it had. The
-    baseline is float32 without XLA (or the one precision given); another
+    baseline is float32 without XLA (or the one precision given); no other
+    setting is started once the budget is spent or when the baseline's first
+    steps took longer than its share (status "budget spent", note "not tried:
+    ..."), so the trials end within the budget plus the baseline's own first
+    steps and warm-up, and at most one setting's overrun. Another
     setting wins only if at least `min_speedup` times faster (see
     `choose_fastest`).
 
@@ -192,6 +221,8 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
     first, cost = {}, {}  # the fastest first step (after tracing); what each call took
 
     def begin(key):
+        if key != baseline and not s.affordable(key, cost[baseline, FIRST]):
+            return
         # The baseline takes one step more, for a steadier reference; a setting just over the
         # limit two more (one hiccup must not drop it), one far over the limit none.
         times = s.run(key, FIRST, first_steps + (key == baseline))
@@ -212,10 +243,17 @@ def search_settings(measure, precisions=PRECISIONS, jit_options=(False, True), b
         if key != baseline and expected > s.left(key):
             return s.end(key, BUDGET_SPENT, f"{max(s.left(key), 0):.1f} s of its share left, "
                          f"its full-batch warm-up would take about {expected:.1f} s")
-        times = s.run(key, WARMUP, warmup)
+        # The baseline always takes its full warm-up: the budget (a tenth of an epoch) and
+        # every ratio come from its step time, which must not be the traced first step's.
+        times = s.run(key, WARMUP, max(warmup, 2) if key == baseline else warmup,
+                      bounded=key != baseline)
         s.rows[key]["pace"], cost[key, WARMUP] = times[-1], s.rows[key]["last"]
         if key == baseline:  # the fallback must have a timing, even out of budget
             s.rows[key]["timing"] = min(times[1:] or times)
+            if s.spent() >= s.total():
+                s.rows[key]["note"] = (f"its first steps and warm-up took {s.spent():.1f} s, "
+                                       f"over the trials' whole {s.total():.0f} s budget: "
+                                       "no other setting tried")
 
     def take_turns(keys):
         for r in range(rounds):
