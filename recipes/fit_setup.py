@@ -82,10 +82,14 @@ def auto_precision(model, dataset, strategy, precision_name, policy, jit_compile
     from tfaccel.performance import trials
     from tfaccel.train import precision
 
+    candidates = precision.auto_candidates() if precision_name == "auto" else (policy,)
+    if precision_name == "auto":
+        for name in precision.PRECISIONS:
+            if name not in candidates:
+                print(f"precision trials skip {name}: {precision.precision_advice(name)[0]}")
     with strategy.scope():
         choice = trials.auto_select(
-            model, dataset, FLAGS.batch_size,
-            precisions=precision.PRECISIONS if precision_name == "auto" else (policy,),
+            model, dataset, FLAGS.batch_size, precisions=candidates,
             jit_options=(False, True) if jit_compile == "auto" else (jit_compile,),
             compile_fn=lambda m, p, j: compile_fn(m, learning_rate, p, j,
                                                   FLAGS.grad_accum_steps),

@@ -234,3 +234,15 @@ def test_a_kerashub_model_rebuilt_in_another_precision_keeps_its_class_and_weigh
                                atol=0.05)  # bfloat16 rounding of the original's logits
     again = precision.apply_precision(copy, "float32", copy=True)
     assert again is not copy and type(again) is type(gpt2)
+
+
+@pytest.mark.parametrize("gpus, cpu_flags, expected", [
+    ([], {"avx2", "fma"}, ("float32",)),  # AVX2-only CPU: nothing beats float32's kernels
+    ([], {"avx512f", "avx512_bf16"}, ("float32", "mixed_bfloat16")),
+    ([], {"amx_bf16", "amx_tile", "avx512_fp16"}, ("float32", "mixed_bfloat16")),
+    ([{"name": "RTX 4090", "compute_capability": (8, 9)}], set(), precision.PRECISIONS),
+    ([{"name": "T4", "compute_capability": (7, 5)}], set(), ("float32", "mixed_float16")),
+])
+def test_auto_candidates_leave_out_the_precisions_the_hardware_cannot_speed_up(gpus, cpu_flags,
+                                                                             expected):
+    assert precision.auto_candidates(gpus=gpus, cpu_flags=cpu_flags) == expected

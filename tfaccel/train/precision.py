@@ -120,6 +120,19 @@ def precision_advice(name, gpus=None, cpu_flags=None):
     return []
 
 
+def auto_candidates(precisions=PRECISIONS, gpus=None, cpu_flags=None):
+    """The precisions worth timing for `--precision=auto` on this hardware: float32 always,
+    each other one only where `precision_advice` has nothing against it (mixed_float16 on a
+    CPU, or bfloat16 without AMX-BF16/AVX512_BF16, would spend the trials' budget on a
+    setting known to lose).
+
+    >>> auto_candidates(gpus=[], cpu_flags={"avx2", "fma"})
+    ('float32',)
+    """
+    return tuple(p for p in precisions
+                 if p == "float32" or not precision_advice(p, gpus=gpus, cpu_flags=cpu_flags))
+
+
 def _visible_gpus():
     gpus = []
     for gpu in tf.config.list_physical_devices("GPU"):
