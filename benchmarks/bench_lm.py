@@ -36,6 +36,9 @@ import _fit_timing as timing
 import common
 import lm_common
 from absl import flags
+from flagkit import check_flags
+
+from tfaccel.errors import ConfigError
 
 FLAGS = flags.FLAGS
 lm_common.define_flags()
@@ -43,8 +46,20 @@ flags.DEFINE_integer("rounds", 1, "Rounds of one bare and one recipe run (order 
                      lower_bound=1)
 flags.DEFINE_bool("baseline", True, "Also time a bare fit in float32 without XLA (the "
                   "trials' baseline) when the settings differ from it.")
+check_flags(("model", "model_fn"), lambda model="gpt", model_fn=None: _gpt_only(
+    model, model_fn))
 _cli.define_output_dir("runs/bench_lm", "Where bench_lm.json, the chart and TensorBoard logs "
                        "go.")
+
+def _gpt_only(model, model_fn):
+    """bench_lm times tfaccel's GPT (its bare side builds it): a brought model is one line."""
+    if model_fn or model != "gpt":
+        which = f"--model_fn={model_fn}" if model_fn else f"--model={model}"
+        raise ConfigError(
+            f"{which}: bench_lm.py times tfaccel's GPT only; train the model with "
+            f"recipes/train_lm.py {which} (its tokens/s and MFU are in metrics.json and "
+            "TensorBoard), or drop the flag")
+
 
 TARGET = 0.97  # recipe tokens/s over bare tokens/s, at least
 BASELINE = ("float32", False)

@@ -66,6 +66,16 @@ def test_an_unknown_configuration_is_one_error_line_before_tensorflow(name):
         f"error: --configs: unknown {unknown}; use some of {known}"]
 
 
+@pytest.mark.parametrize("flag", ["--model=gpt2", "--model_fn=my_lms:build"])
+def test_bench_lm_refuses_a_brought_model_in_one_line_naming_the_recipe(flag):
+    proc = _run("bench_lm", flag, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {flag}: bench_lm.py times tfaccel's GPT only; train the model with "
+        f"recipes/train_lm.py {flag} (its tokens/s and MFU are in metrics.json and "
+        "TensorBoard), or drop the flag"]
+
+
 def _module_constant(name, constant):
     with open(os.path.join(BENCHMARKS, f"{name}.py")) as f:
         tree = ast.parse(f.read())
