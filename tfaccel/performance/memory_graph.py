@@ -14,10 +14,12 @@ The optimizer is not traced: its slots are counted from its rule
 float32, which keeps a float32 tensor the size of the outputs, as a cross-entropy
 keeps its gradient of the logits.
 
-What the graph cannot see: backend workspaces (oneDNN's convolution buffers), the
-allocator's fragmentation and the transients of the backward pass beyond the largest
-kept tensor; a measured calibration (`tfaccel.performance.plan.measure_memory`) sees
-them.
+The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked for
+(`pool_slack`): the step's buffers (`step_buffers`) replayed through the allocator's
+rules (`tfaccel.performance.memory_pool`). What the graph cannot see: the order
+TensorFlow actually runs independent ops in (it changes from run to run, and so does
+the peak), backend workspaces; a measured calibration
+(`tfaccel.performance.calibrate`) sees them.
 
 Example:
 
