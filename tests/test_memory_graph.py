@@ -71,3 +71,44 @@ def test_dropout_keeps_its_mask_a_byte_per_value():
     # the output (4), and the boolean mask (16 bytes) made from random numbers, not the input
     assert memory_graph.traced_profile(model).layers[0].activation_bytes == \
         4 * (8 + 16 + 4) + 16
+
+
+def _step_graph(model, batch):
+    from tfaccel.performance import utilization
+
+    return utilization.traced_step(model, batch, loss="square")[0]
+
+
+def test_the_step_peak_holds_a_layers_input_gradient_beside_its_kept_output():
+    # at batch 2, the largest set alive at once (in the order the step's ops were made) is the
+    # hidden ReLU output (16 floats, ReluGrad reads it), the loss's gradient (4) and the hidden
+    # layer's input gradient (16); the bias add and ReLU write into the MatMul's buffer; the
+    # input is the plan's input batch, the weights' gradients are model states
+    kept, peak = memory_graph.live_bytes(_step_graph(_mlp(), 2))
+    assert kept == 2 * 4 * (8 + 16 + 4)
+    assert peak == 2 * 4 * (16 + 4 + 16)
+
+
+def test_a_pooling_gradient_is_made_at_the_pooled_inputs_size_beside_it():
+    model = keras.Sequential([keras.Input((6, 6, 2)),
+                              keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+                              keras.layers.Dense(3)])
+    # MaxPoolGrad reads the ReLU's output (6x6x4) and the pooled output (3x3x4) and makes a
+    # 6x6x4 gradient while the pooled output's gradient (3x3x4) is alive
+    kept, peak = memory_graph.live_bytes(_step_graph(model, 1))
+    assert kept == 4 * (6 * 6 * 2 + 6 * 6 * 4 + 3 * 3 * 4 + 3)
+    assert peak == 4 * (6 * 6 * 4 + 6 * 6 * 4 + 3 * 3 * 4 + 3 * 3 * 4)
+
+
+def test_weight_reads_are_no_buffers_and_weight_gradients_are_model_states():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, name="hidden"),
+                              keras.layers.Dense(4, name="out")])
+    events = memory_graph.step_buffers(_step_graph(model, 2))
+    allocated = {name: (nbytes, activation) for name, nbytes, activation in events
+                 if nbytes is not None}
+    assert not any("ReadVariableOp" in name for name in allocated)
+    kernel_grad = [v for k, v in allocated.items() if k.endswith("hidden/MatMul/MatMul:0")]
+    assert kernel_grad == [(8 * 16 * 4, False)]  # the first kernel's gradient
+    # every allocation is freed by the step's end
+    assert sorted(n for n, b, _ in events if b is None) == sorted(allocated)

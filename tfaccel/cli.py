@@ -142,7 +142,8 @@ def _add_plan_parser(sub):
                    help="a built model's activations: from the traced train step (graph) or "
                    "its layers' output shapes")
     p.add_argument("--measure", action="store_true",
-                   help="also run two small batches in a fresh process and scale the peaks")
+                   help="also run 1/8, 1/4 and 1/2 of the batch in 3 fresh processes "
+                   "and scale the peaks")
     p.add_argument("--vocab_size", type=_positive_int, default=256)
     p.add_argument("--untied", action="store_true", help="a separate output projection")
     p.add_argument("--batch_size", type=_positive_int, default=32, help="examples per device")

@@ -1,11 +1,17 @@
-"""A memory plan checked by running the step: peaks measured at two small batches, fit, scaled.
+"""A memory plan checked by running the step: peaks measured at three batches, fit, scaled.
 
-`measure_memory(model, settings)` starts a fresh Python process (an allocator that has
+`measure_memory(model, settings)` starts fresh Python processes (allocators that have
 served nothing else) with TensorFlow's pooled host allocator
-(`memory.use_pooled_host_allocator`), builds the model there, and runs a few training
-steps (forward, a loss, gradients, the optimizer's update) at two small batch sizes,
-reading the allocator's peak each time (`memory.training_peak_bytes`). The two peaks
-fit ``fixed + per_example * batch``; the fit predicts the target batch.
+(`memory.use_pooled_host_allocator`), builds the model there, and runs training steps
+(forward, a loss, gradients, the optimizer's update) at an eighth, a quarter and half
+of the target (micro-)batch, reading the allocator's peak (`memory.training_peak_bytes`,
+2 warm-up steps then 8). The order in which TensorFlow runs independent ops differs
+from step to step and from process to process, and so does the peak (15-25% apart
+at batches 8 and 16, the previous calibration's); so each batch runs in `repeats`
+processes and its largest peak counts (the statistic `benchmarks/bench_memory.py`
+takes), and the batches are large enough that the per-example part outweighs that
+spread. A least-squares line through the three peaks, ``fixed + per_example *
+batch``, predicts the target batch.
 
 Which to trust when: the measured prediction includes what the graph cannot see
 (oneDNN's AVX2 convolution workspaces, the order TensorFlow runs independent ops in,
@@ -34,8 +40,10 @@ import tempfile
 
 from tfaccel.errors import ConfigError, ModelError
 
-CALIBRATION_BATCHES = (8, 16)
-"""The two batch sizes a calibration runs (their difference gives the per-example part)."""
+CALIBRATION_FRACTIONS = (8, 4, 2)
+"""A calibration runs the target (micro-)batch divided by each of these."""
+CALIBRATION_REPEATS = 3
+"""Fresh processes per calibration; the largest peak of each batch counts."""
 _TIMEOUT_S = 900
 
 
@@ -48,7 +56,9 @@ class Calibration:
     fixed: int
     batch_size: int
     predicted: int
-    method: str = "measured (peaks of two small batches in a fresh process, fit and scaled)"
+    spread: float = 0.0  # the largest (largest peak / smallest peak - 1) over the batches
+    method: str = ("measured (largest peaks of 3 fresh processes at 1/8, 1/4 and 1/2 of the "
+                   "batch, fit and scaled)")
 
 
 def _source(model, tmpdir):
@@ -66,48 +76,71 @@ def _source(model, tmpdir):
     return path
 
 
+def calibration_batches(micro_batch):
+    """The batch sizes a calibration for `micro_batch` runs (at least two distinct)."""
+    batches = sorted({max(1, int(micro_batch) // k) for k in CALIBRATION_FRACTIONS})
+    return tuple(batches) if len(batches) > 1 else (batches[0], 2 * batches[0])
+
+
+def fit_line(peaks):
+    """(per_example, fixed) of the least-squares line through {batch: peak bytes}; a negative
+    slope (the peaks' spread hiding a small per-example cost) counts as none."""
+    xs, ys = list(peaks), [peaks[b] for b in peaks]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var)
+    return slope, int(round(my - slope * mx if slope else max(ys)))
+
+
 def measure_memory(model, settings, input_shape=None, num_classes=None, sequence_length=None,
-                   batches=CALIBRATION_BATCHES, steps=3):
-    """Measures `model` training under `settings` in a fresh process; returns a `Calibration`.
+                   batches=None, steps=8, repeats=CALIBRATION_REPEATS):
+    """Measures `model` training under `settings` in fresh processes; returns a `Calibration`.
 
     Args:
       model: a zoo name (with `input_shape`, `num_classes`), a .keras/.h5 file, or a built
         model (saved to a temporary .keras file for the child).
       settings: a checked `plan.PlanSettings` (batch, precision, optimizer, accumulation).
       sequence_length: the length of a variable-length input.
-      batches: the two batch sizes measured.
+      batches: the batch sizes measured (default `calibration_batches` of the micro-batch).
+      repeats: fresh processes; each batch's largest peak counts.
 
     Raises:
       ConfigError: bad batches; ModelError: the child failed (its last error line).
     """
-    small, large = (int(b) for b in batches)
-    if not 0 < small < large:
-        raise ConfigError(f"batches={batches}: two increasing positive batch sizes")
+    micro = max(1, settings.batch_size // settings.grad_accum_steps)
+    batches = tuple(int(b) for b in (batches or calibration_batches(micro)))
+    if len(set(batches)) < 2 or min(batches) < 1:
+        raise ConfigError(f"batches={batches}: at least two distinct positive batch sizes")
+    runs = []
     with tempfile.TemporaryDirectory() as tmpdir:
         spec = {"model": _source(model, tmpdir), "input_shape": input_shape,
                 "num_classes": num_classes, "precision": settings.precision,
                 "optimizer": settings.optimizer, "sequence_length": sequence_length,
-                "batches": [small, large], "steps": int(steps)}
-        proc = subprocess.run([sys.executable, "-m", "tfaccel.performance.calibrate",
-                               json.dumps(spec)], capture_output=True, text=True, check=False,
-                              timeout=_TIMEOUT_S, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                "batches": sorted(set(batches)), "steps": int(steps)}
+        for _ in range(max(1, int(repeats))):
+            runs.append(_run_child(spec))
+    trainable = runs[0].pop("trainable")
+    for run in runs[1:]:
+        run.pop("trainable")
+    peaks = {int(b): max(int(run[b]) for run in runs) for b in runs[0]}
+    spread = max(max(int(run[b]) for run in runs) / min(int(run[b]) for run in runs) - 1
+                 for b in runs[0])
+    per_example, fixed = fit_line(peaks)
+    accumulator = 4 * trainable if settings.grad_accum_steps > 1 else 0
+    predicted = int(round(fixed + per_example * micro)) + accumulator
+    return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread)
+
+
+def _run_child(spec):
+    """{batch (str): peak, 'trainable': n} from one fresh process measuring `spec`."""
+    proc = subprocess.run([sys.executable, "-m", "tfaccel.performance.calibrate",
+                           json.dumps(spec)], capture_output=True, text=True, check=False,
+                          timeout=_TIMEOUT_S, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEAKS ")]
     if proc.returncode or not lines:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ModelError(f"measuring {spec['model']!r} failed: {last}")
-    read = json.loads(lines[-1][len("PEAKS "):])
-    trainable = read.pop("trainable")
-    peaks = {int(b): int(p) for b, p in read.items()}
-    # A smaller peak at the larger batch is the peaks' own spread (the order TensorFlow runs
-    # ops in) hiding a batch's small cost: no per-example part, the larger peak is fixed.
-    per_example = max(0.0, (peaks[large] - peaks[small]) / (large - small))
-    fixed = int(round(max(peaks.values()) - large * per_example))
-    micro = max(1, settings.batch_size // settings.grad_accum_steps)
-    accumulator = 0
-    if settings.grad_accum_steps > 1:
-        accumulator = 4 * trainable
-    predicted = int(round(fixed + per_example * micro)) + accumulator
-    return Calibration(peaks, per_example, fixed, settings.batch_size, predicted)
+    return json.loads(lines[-1][len("PEAKS "):])
 
 
 def _optimizer(name, model):

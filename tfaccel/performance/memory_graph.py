@@ -14,10 +14,12 @@ The optimizer is not traced: its slots are counted from its rule
 float32, which keeps a float32 tensor the size of the outputs, as a cross-entropy
 keeps its gradient of the logits.
 
-What the graph cannot see: backend workspaces (oneDNN's convolution buffers), the
-allocator's fragmentation and the transients of the backward pass beyond the largest
-kept tensor; a measured calibration (`tfaccel.performance.plan.measure_memory`) sees
-them.
+The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked for
+(`pool_slack`): the step's buffers (`step_buffers`) replayed through the allocator's
+rules (`tfaccel.performance.memory_pool`). What the graph cannot see: the order
+TensorFlow actually runs independent ops in (it changes from run to run, and so does
+the peak), backend workspaces; a measured calibration
+(`tfaccel.performance.calibrate`) sees them.
 
 Example:
 
@@ -30,7 +32,7 @@ Example:
 import tensorflow as tf
 
 from tfaccel.errors import ConfigError
-from tfaccel.performance import memory_profile, utilization
+from tfaccel.performance import memory_pool, memory_profile, utilization
 
 TRACE_BATCHES = (2, 4)
 """The two batch sizes the step is traced at (their difference gives the per-example part)."""
@@ -92,6 +94,105 @@ def saved_tensors(graph):
             t = _buffer(t)
             kept[t.name] = _bytes(t)
     return kept
+
+
+_IN_PLACE = frozenset((
+    # element-wise ops whose kernels reuse an input's buffer for the output when that input
+    # is not read again (`forward_input_or_allocate_output` in cwise_ops_common.h and
+    # numeric_op.h): unary and binary arithmetic, activations and their gradients
+    "Abs", "Add", "AddV2", "BiasAdd", "Cos", "Div", "DivNoNan", "Elu", "EluGrad", "Erf", "Exp",
+    "LeakyRelu", "LeakyReluGrad", "Log", "Log1p", "Maximum", "Minimum", "Mul", "MulNoNan",
+    "Neg", "Pow", "RealDiv", "Reciprocal", "Relu", "Relu6", "Relu6Grad", "ReluGrad", "Rsqrt",
+    "RsqrtGrad", "Selu", "SeluGrad", "Sigmoid", "SigmoidGrad", "Sin", "Softplus",
+    "SoftplusGrad", "Sqrt", "SqrtGrad", "Square", "SquaredDifference", "Sub", "Tanh",
+    "TanhGrad"))
+
+
+def step_buffers(graph):
+    """The buffers one run of `graph` (a traced step) allocates and frees, in order: a list
+    of ``(name, bytes, is_activation)`` for an allocation and ``(name, None, None)`` for a
+    free (see `live_bytes` for the rules; `is_activation` is False for model states: the
+    casts of the weights, the step's outputs, i.e. the weights' gradients)."""
+    ops = graph.get_operations()
+    states = _weight_derived(ops)
+    returned = {_buffer(t).name for t in graph.outputs}
+    last_read = {}
+    for i, op in enumerate(ops):
+        for t in op.inputs:
+            last_read[_buffer(t).name] = i
+    for name in returned:  # the caller (the optimizer) reads them after the step
+        last_read[name] = len(ops)
+    free_at = {}
+    for name, i in last_read.items():
+        free_at.setdefault(i, []).append(name)
+    events, owner = [], {}  # owner: buffer name -> the allocation it was written into
+    for i, op in enumerate(ops):
+        reusable = [t for t in op.inputs if op.type in _IN_PLACE
+                    and last_read.get(_buffer(t).name) == i and _buffer(t).name in owner]
+        for out in op.outputs:
+            if _buffer(out) is not out or op.type in ("Const", "Placeholder", "ReadVariableOp") \
+                    or out.name not in last_read or not _bytes(out):
+                continue
+            nbytes = _bytes(out)
+            donor = next((j for j, t in enumerate(reusable) if _bytes(_buffer(t)) == nbytes
+                          and t.dtype == out.dtype), None)
+            if donor is not None:  # written in place
+                owner[out.name] = owner.pop(_buffer(reusable.pop(donor)).name)
+                continue
+            owner[out.name] = out.name
+            activation = out.name not in states and out.name not in returned
+            events.append((out.name, nbytes, activation))
+        for name in free_at.get(i, ()):
+            if name in owner:
+                events.append((owner.pop(name), None, None))
+    events += [(name, None, None) for name in owner.values()]
+    return events
+
+
+def live_bytes(graph):
+    """(kept, peak): bytes of the forward tensors the backward pass reads (`saved_tensors`),
+    and the largest sum of activation buffers alive at once while the step runs.
+
+    The step is run in the order its ops were made (a topological order: the forward
+    pass, the loss, then the backward pass as the tape wrote it), each op allocating its
+    outputs and each buffer freed after its last reader: the peak adds to the kept
+    tensors what the backward pass makes beside them (the gradient of each activation,
+    a convolution's input gradient beside its output's, a pooling gradient at the
+    pooled input's size). An element-wise op writes into an input whose last reader it
+    is (`_IN_PLACE`, as TensorFlow's kernels do); a view shares its input's buffer.
+    Constants, the weights and tensors made from the weights alone (their casts) are
+    model states; so are the step's outputs (the weights' gradients); the inputs are the
+    plan's input batches."""
+    sizes, live, peak = {}, 0, 0
+    for name, nbytes, activation in step_buffers(graph):
+        if nbytes is None:
+            live -= sizes.pop(name, 0)
+        elif activation:
+            sizes[name] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+    return sum(saved_tensors(graph).values()), peak
+
+
+def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=None):
+    """Bytes TensorFlow's pooled (BFC) allocator holds at its peak beyond the bytes asked for,
+    for training steps of `model` at `batch_size` (a micro-batch under accumulation).
+
+    The traced step's buffers (`step_buffers`: activations, their gradients, the weight
+    casts and gradients) are replayed through `memory_pool.training_peaks` after the
+    weights and the input batch, with `slots` optimizer slots per trainable weight made
+    at the first update (and a float32 accumulator per trainable weight with
+    `accumulators`), as `benchmarks/bench_memory.py` measures (two warm-up steps, then
+    three). The slack is the pool's peak minus the same sequence's exact peak.
+    """
+    graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
+    weights = [int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
+               for v in model.weights]
+    trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
+    persistent = weights + [_bytes(t) for t in inputs] + (trainable if accumulators else [])
+    pool, exact = memory_pool.training_peaks(persistent, step_buffers(graph),
+                                             trainable * int(slots))
+    return max(0, pool - exact)
 
 
 def saved_bytes(model, batch_size, sequence_length=None):

@@ -72,6 +72,8 @@ class MemoryProfile:
       half_activations: whether `activation_bytes` were computed for 16-bit activations.
       recompute_unit: what recomputation recomputes ('block' for Transformers, 'layer').
       fixed_activation_bytes: activations kept whatever the batch (a traced step's fit).
+      pool_slack_per_example: per example, what TensorFlow's pooled allocator holds beyond
+        the bytes asked for (`memory_graph.pool_slack`: chunks served whole).
       method: where the activations came from: the model's layers, a closed form, or the
         graph of the traced training step (`tfaccel.performance.memory_graph`).
     """
@@ -84,6 +86,7 @@ class MemoryProfile:
     half_activations: bool = False
     recompute_unit: str = "layer"
     fixed_activation_bytes: int = 0
+    pool_slack_per_example: float = 0.0
     method: str = "layers (each layer's output shapes)"
 
     @property

@@ -7,7 +7,8 @@ accumulation), the activations one micro-batch keeps for the backward pass (with
 or without recomputation; under a pipeline, every micro-batch in flight on the
 stage), the gradient of the largest activation, alive beside them in the backward
 pass (two, while a recomputed block runs), the input batches buffered by tf.data,
-and a margin for the framework and workspace. It gives a verdict
+for a built model on one device the pooled allocator's slack (its chunks served
+whole: `memory_graph.pool_slack`), and a margin for the framework and workspace. It gives a verdict
 against the device's memory and, when the run does not fit, the cheapest
 changes that make it fit, each with its new total. Nothing here imports
 TensorFlow: a plan of a 13B model takes milliseconds.
@@ -252,6 +253,8 @@ def stage_breakdown(profile, layers, s, first):
         "activations": int(scale * (activations + (profile.fixed_activation_bytes
                                                    if first else 0))),
         "backward transients": int(scale * transient),
+        "allocator slack (pooled)": int(micro * profile.pool_slack_per_example)
+        if first else 0,
         "input batches": s.input_batches * s.batch_size * profile.input_bytes
         if first else 0,
     }
@@ -409,6 +412,10 @@ def plan_memory(profile, settings=None, **kwargs):
             from tfaccel.performance import memory_graph  # deferred: TensorFlow
 
             profile = memory_graph.traced_profile(model, sequence_length)
+            micro = max(1, settings.batch_size // settings.grad_accum_steps)
+            slack = memory_graph.pool_slack(model, micro, SLOTS.get(settings.optimizer, 0),
+                                            settings.grad_accum_steps > 1, sequence_length)
+            profile = dataclasses.replace(profile, pool_slack_per_example=slack / micro)
         else:
             profile = memory_profile.profile_of(model)
     if measure and model is None:
@@ -456,10 +463,11 @@ def format_plan(result):
     if c is not None:
         peaks = ", ".join(f"batch {b}: {_gb(p)}" for b, p in c.peaks.items())
         lines += [f"measured: {_gb(c.predicted)} at batch {c.batch_size} ({c.method}; {peaks}; "
-                  f"{_gb(c.fixed)} fixed + {_gb(c.per_example)} per example); planned "
+                  f"{_gb(c.fixed)} fixed + {_gb(c.per_example)} per example; peaks "
+                  f"{100 * c.spread:.0f}% apart across processes); planned "
                   f"{_gb(result.total)}, ratio {result.total / max(1, c.predicted):.2f}. "
-                  "Trust the measured number on this machine (it sees backend workspaces, "
-                  "e.g. oneDNN's convolution buffers); the planned one for another device."]
+                  "Trust the measured number on this machine (it sees backend workspaces "
+                  "and the order ops ran in); the planned one for another device."]
     if result.fits is None:
         return "\n".join(lines)
     device = s.device_memory
