@@ -58,9 +58,9 @@ def _check_parallel_flags(parallel, stages, stage_boundaries, micro_batches, str
                 "the stages use the devices one process sees: drop --strategy"),
                (grad_accum_steps > 1, f"--grad_accum_steps={grad_accum_steps}",
                 "the pipeline already sums the gradients of --micro_batches: use those"),
-               (jit_compile != "false", f"--jit_compile={jit_compile}",
+               (jit_compile != "false" and _given("jit_compile"), f"--jit_compile={jit_compile}",
                 "XLA would compile the whole step for one device: use --jit_compile=false"),
-               (precision == "auto", "--precision=auto",
+               (precision == "auto" and _given("precision"), "--precision=auto",
                 "the timed trials run the unsplit model: pick the precision"),
                (batch_size == "auto", "--batch_size=auto",
                 "the search runs the unsplit model: give --batch_size"),
@@ -78,11 +78,29 @@ def _check_parallel_flags(parallel, stages, stage_boundaries, micro_batches, str
                           "one or the other")
 
 
+def _given(name):
+    """True when --name was on the command line (a recipe whose default is 'auto', such as
+    train_lm.py's --precision, is not refused for a default the split run replaces)."""
+    return name in FLAGS and FLAGS[name].present
+
+
 def use_default_strategy():
     """Under --parallel the strategy becomes TensorFlow's default: the stages are the
-    devices' use (the flags were checked when parsed)."""
-    if FLAGS.parallel != "none":
-        FLAGS.strategy = "default"
+    devices' use (the flags were checked when parsed); a default --precision/--jit_compile
+    of 'auto' (train_lm.py's) becomes float32 without XLA, said in one line, since the
+    timed trials and XLA run the unsplit model."""
+    if FLAGS.parallel == "none":
+        return
+    FLAGS.strategy = "default"
+    kept = [f"--{name}={value}" for name, value in (("precision", "float32"),
+                                                    ("jit_compile", "false"))
+            if name in FLAGS and FLAGS[name].value == "auto"]
+    for setting in kept:
+        name, value = setting[2:].split("=")
+        FLAGS[name].value = value
+    if kept:
+        print(f"--parallel={FLAGS.parallel}: {' '.join(kept)} (the timed trials and XLA run the "
+              "unsplit model; pass --precision to choose another)")
 
 
 def staged_model(model, recompute=None):

@@ -2,7 +2,6 @@
 a --model_fn language model checked for its shapes, and the adapters from token ids to what
 a KerasHub model takes (datasets, a one-input model for TFLite)."""
 
-import sys
 
 import numpy as np
 import pytest
@@ -12,47 +11,6 @@ from tfaccel import errors
 from tfaccel.train import causal_lm, generate, gpt_layers, language_model, training
 
 keras_hub = pytest.importorskip("keras_hub")
-
-USER_LMS = '''
-import keras
-
-
-def bigram(vocabulary_size, sequence_length):
-    ids = keras.Input((None,), dtype="int32")
-    x = keras.layers.Embedding(vocabulary_size, 8)(ids)
-    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
-
-
-def pooled(vocabulary_size, sequence_length):
-    ids = keras.Input((None,), dtype="int32")
-    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(vocabulary_size, 8)(ids))
-    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
-
-
-def hub(vocabulary_size, sequence_length):
-    import keras_hub
-    backbone = keras_hub.models.GPT2Backbone(vocabulary_size, 1, 2, 8, 16,
-                                             max_sequence_length=sequence_length)
-    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
-
-
-def wrong_signature(vocab, length):
-    return None
-
-
-def tf_keras_model(vocabulary_size, sequence_length):
-    import tf_keras
-    ids = tf_keras.Input((None,), dtype="int32")
-    return tf_keras.Model(ids, tf_keras.layers.Embedding(vocabulary_size, vocabulary_size)(ids))
-'''
-
-
-@pytest.fixture
-def user_lms(tmp_path, monkeypatch):
-    (tmp_path / "my_test_lms.py").write_text(USER_LMS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield
-    sys.modules.pop("my_test_lms", None)
 
 
 def _std(model, fragment):
@@ -116,20 +74,20 @@ def test_token_ids_model_gives_the_dict_models_logits():
     assert causal_lm.token_ids_model(plain, 8) is plain  # ids already
 
 
-def test_model_fn_language_model_is_checked_in_one_line(user_lms):
-    model = causal_lm.language_model_from_fn("my_test_lms:bigram", 30, 12)
+def test_model_fn_language_model_is_checked_in_one_line():  # specs: tests/user_lms.py
+    model = causal_lm.language_model_from_fn("user_lms:bigram", 30, 12)
     assert tuple(model.outputs[0].shape) == (None, 12, 30)  # any length: given the window's
     assert generate.model_context(model) == 12 and len(generate.generate_tokens(
         model, [1, 2], 15, temperature=0)) == 15
-    hub = causal_lm.language_model_from_fn("my_test_lms:hub", 30, 12)
+    hub = causal_lm.language_model_from_fn("user_lms:hub", 30, 12)
     assert isinstance(hub, keras_hub.models.GPT2CausalLM)  # kept: its class and its cache
     cases = {
-        "my_test_lms:pooled": "maps token ids [1, 12] to outputs of shape (1, 30), not logits "
+        "user_lms:pooled": "maps token ids [1, 12] to outputs of shape (1, 30), not logits "
                               "(1, 12, 30)",
-        "my_test_lms:wrong_signature": "cannot be called as wrong_signature(vocabulary_size"
+        "user_lms:wrong_signature": "cannot be called as wrong_signature(vocabulary_size"
                                        "=..., sequence_length=...)",
-        "my_test_lms:tf_keras_model": "returned a tf_keras model: return a Keras 3 model",
-        "my_test_lms:missing": "module 'my_test_lms' has no function 'missing'",
+        "user_lms:tf_keras_model": "returned a tf_keras model: return a Keras 3 model",
+        "user_lms:missing": "module 'user_lms' has no function 'missing'",
     }
     for spec, fragment in cases.items():
         with pytest.raises(errors.ModelError) as info:

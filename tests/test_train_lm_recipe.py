@@ -126,7 +126,7 @@ def _binary(tmp_path):
     (("--model=gpt2", "--tie_embeddings"), "--tie_embeddings cannot train --model=gpt2, a "
      "Keras 3 model (KerasHub's GPT-2 always ties its embedding): drop --tie_embeddings, or "
      "train tfaccel's GPT (--model=gpt)"),
-    (("--model_fn=my_lms:bigram", "--plan"), "--plan cannot train --model_fn=my_lms:bigram, a "
+    (("--model_fn=user_lms:bigram", "--plan"), "--plan cannot train --model_fn=user_lms:bigram, a "
      "Keras 3 model (the plan reads the decoder's sizes from the GPT flags, which do not "
      "describe your model): drop --plan, or train tfaccel's GPT (--model=gpt)"),
     (("--model=gpt2", "--parallel=pipeline", "--stage_boundaries=block_1_ln_1"),
@@ -276,7 +276,16 @@ def test_pipeline_stages_train_like_the_unsplit_model(tmp_path):
     for name, extra in (("unsplit", ("--cpu_devices=2", "--strategy=default")),
                         ("pipeline", ("--parallel=pipeline", "--stage_boundaries=block_1_ln_1",
                                       "--micro_batches=4", "--cpu_devices=2"))):
-        _, metrics = _train(tmp_path / name, "--tflite=false", *extra)
+        if name == "unsplit":
+            _, metrics = _train(tmp_path / name, "--tflite=false", *extra)
+        else:  # the recipe's default precision/XLA (auto) becomes float32 without XLA
+            proc = run_recipe("train_lm", f"--model_dir={tmp_path / name}", "--epochs=2",
+                              *SMALL[2:], "--tflite=false", *extra, timeout=600)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+            assert ("--parallel=pipeline: --precision=float32 --jit_compile=false (the timed "
+                    "trials and XLA run the unsplit model") in proc.stdout
+            metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+            assert (metrics["precision"], metrics["jit_compile"]) == ("float32", False)
         results[name] = metrics
     # AdamW amplifies the float rounding of summing micro-batch gradients (measured: 3.0975
     # against 3.0984 after 60 steps); plain SGD is equal to 1e-7 (test_pipeline_parallel.py)
@@ -292,31 +301,12 @@ def test_pipeline_stages_train_like_the_unsplit_model(tmp_path):
 
 # ------------------------------------------------------------------ a model you bring
 
-USER_LMS = '''
-import keras
-
-
-def bigram(vocabulary_size, sequence_length):
-    """A causal LM of the simplest kind: position t's logits from token t alone."""
-    ids = keras.Input((None,), dtype="int32")
-    x = keras.layers.Embedding(vocabulary_size, 16)(ids)
-    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
-
-
-def pooled(vocabulary_size, sequence_length):
-    """Not a language model: one prediction per window."""
-    ids = keras.Input((None,), dtype="int32")
-    x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(vocabulary_size, 8)(ids))
-    return keras.Model(ids, keras.layers.Dense(vocabulary_size)(x))
-'''
 
 
 @pytest.fixture
-def user_lms(tmp_path):
-    folder = tmp_path / "user"
-    folder.mkdir()
-    (folder / "my_lms.py").write_text(USER_LMS)
-    return {"PYTHONPATH": str(folder)}
+def user_lms():
+    """The environment in which --model_fn=user_lms:<name> imports tests/user_lms.py."""
+    return {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
 
 
 def test_keras_hub_missing_is_one_line_before_tensorflow(tmp_path):
@@ -333,7 +323,7 @@ def test_keras_hub_missing_is_one_line_before_tensorflow(tmp_path):
     ("no_such_module:build", "--model_fn='no_such_module:build': cannot import "
      "'no_such_module' (no module named 'no_such_module'): put the folder holding it on "
      "PYTHONPATH, e.g. PYTHONPATH=/path/to/folder (the current folder is not searched)"),
-    pytest.param("my_lms:pooled", "--model_fn='my_lms:pooled': the model maps token ids "
+    pytest.param("user_lms:pooled", "--model_fn='user_lms:pooled': the model maps token ids "
                  "[1, 32] to outputs of shape (1, 104), not logits (1, 32, 104): return a causal "
                  "LM whose last layer gives one logit per vocabulary entry at every position",
                  marks=pytest.mark.slow),
@@ -398,10 +388,10 @@ def test_generate_recipe_samples_the_keras_hub_model_cached_or_not(hub_run):
 def test_model_fn_language_model_trains_and_generates(tmp_path, user_lms):
     model_dir = tmp_path / "run"
     proc = run_recipe("train_lm", f"--model_dir={model_dir}", "--epochs=1",
-                      "--model_fn=my_lms:bigram", "--learning_rate=0.01", *SMALL, env=user_lms)
+                      "--model_fn=user_lms:bigram", "--learning_rate=0.01", *SMALL, env=user_lms)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["model"]["model_fn"] == "my_lms:bigram" and metrics["keras"] == "keras3"
+    assert metrics["model"]["model_fn"] == "user_lms:bigram" and metrics["keras"] == "keras3"
     assert metrics["steps"] == 30 and metrics["validation_loss"] < 4.5  # ln(104) = 4.64
     sample = run_recipe("generate", f"--model_dir={model_dir}", "--max_new_tokens=10",
                         env=user_lms)
