@@ -126,7 +126,7 @@ def check_keras3_flags():
 
 def model_label():
     """A short name of the model for default paths and reports."""
-    if FLAGS.get_flag_value("model_fn", None):  # the language-model recipes have none
+    if FLAGS.get_flag_value("model_fn", None):  # a recipe without it: None
         return FLAGS.model_fn.rpartition(":")[2]
     base = os.path.basename(os.path.normpath(FLAGS.model))
     return base.rsplit(".", 1)[0] if "." in base else base
