@@ -230,7 +230,6 @@ def _tf_keras_for_qat(model):
     return as_tf_keras(model)
 
 
-
 def check_qat_ready(model, only_layers=None, skip_layers=None):
     """Checks, before any training, that `quantize_aware` will accept `model` as asked.
 
