@@ -40,6 +40,7 @@ REFUSED = {
     **{(f"tf_keras_{name}", mode): _KERAS3_ONLY for name in IMAGES
        for mode in ("keras3_int8", "keras3_int4")},
     ("gpt2", "qat"): _HUB_QAT, ("bert", "qat"): _HUB_QAT,
+    ("tf_keras_efficientnet_b0", "qat"): ("TF-MOT default 8-bit scheme", "skip_layers=[...]"),
     ("gpt2", "pipeline"): _HUB_PIPELINE, ("bert", "pipeline"): _HUB_PIPELINE,
 }
 """(model, technique): (whose limit, as the message says it; what works, as it names it)."""
@@ -49,7 +50,7 @@ _BRIDGE_ATOL = ("the bridge verifies its tf_keras translation within atol 1e-5 a
                 "pass a larger atol: a dead end, not yet fixed", ModelError)
 _CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights moves its "
             "logits by 1.3x the largest one (tf_keras MobileNetV2, measured), so int8 weights "
-            "miss the tolerance (dynamic 0.18-0.27, int8 0.6-1.1 of the largest |logit|) "
+            "miss the tolerance (dynamic 0.14-0.27, int8 0.22-1.1 of the largest |logit|) "
             "while the float file matches within 2.5e-5; the test needs trained weights here",
             AssertionError)
 OPEN = {
@@ -64,6 +65,8 @@ OPEN = {
         "bug, not yet found) and is refused, but its advice (a larger atol) is wrong: a dead "
         "end", ModelError) for t in ("prune", "qat", "pipeline")},
     ("keras3_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
+    ("tf_keras_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
+    ("tf_keras_efficientnet_b0", "tflite_int8"): _CHAOTIC,
     ("keras3_efficientnet_b0", "tflite_int8"): _CHAOTIC,
 }
 """Cells that neither work nor refuse per item 8 yet, as measured (strict: a fix fails them)."""
