@@ -45,18 +45,22 @@ REFUSED = {
 }
 """(model, technique): (whose limit, as the message says it; what works, as it names it)."""
 _BRIDGE_ATOL = ("the bridge verifies its tf_keras translation within atol 1e-5 and refuses it "
-                "(2.3e-5 measured: float32 rounding over 150 layers), and neither "
+                "(2.3e-5 MobileNetV2, 2.7e-3 ResNet50: float32 rounding of a chaotic random-init "
+                "net), and neither "
                 "prune_to_sparsity's auto nor quantize_aware nor pipeline_parallel lets a user "
                 "pass a larger atol: a dead end, not yet fixed", ModelError)
 _CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights moves its "
             "logits by 1.3x the largest one (tf_keras MobileNetV2, measured), so int8 weights "
-            "miss the tolerance (dynamic 0.14-0.27, int8 0.22-1.1 of the largest |logit|) "
+            "miss the tolerance (dynamic 0.14-0.48, int8 0.22-1.1, QAT 0.40-0.67 of the largest "
+            "|logit|) "
             "while the float file matches within 2.5e-5; the test needs trained weights here",
             AssertionError)
 OPEN = {
-    ("keras3_mobilenet_v2", "prune"): _BRIDGE_ATOL,
-    ("keras3_mobilenet_v2", "qat"): _BRIDGE_ATOL,
-    ("keras3_mobilenet_v2", "pipeline"): _BRIDGE_ATOL,
+    **{(f"keras3_{name}", t): _BRIDGE_ATOL for name in ("mobilenet_v2", "resnet50")
+       for t in ("prune", "qat", "pipeline")},
+    **{(f"{flavour}_resnet50", t): _CHAOTIC for flavour in ("tf_keras", "keras3")
+       for t in ("tflite_dynamic", "tflite_int8")},
+    ("tf_keras_resnet50", "qat"): _CHAOTIC,
     **{(f"{flavour}_mobilenet_v2", technique): _CHAOTIC for flavour in ("tf_keras", "keras3")
        for technique in ("tflite_dynamic", "tflite_int8")},
     ("tf_keras_mobilenet_v2", "qat"): _CHAOTIC,
