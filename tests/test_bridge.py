@@ -151,16 +151,18 @@ def test_custom_layers_and_lambdas_are_listed_in_one_error():
     assert [name for name, _, _ in bridge.untranslatable_layers(model3)] == [
         "my_doubler", "plus_one", "multiply"]
     # prune_to_sparsity's default ("auto") prunes such a model without TF-MOT (test_magnitude).
-    for call in (bridge.to_tf_keras,
-                 lambda m: prune.prune_to_sparsity(m, 0.5, 1, 1, method="tfmot"),
-                 quantize.quantize_aware):
+    rebuild = ("keras.layers.Rescaling", "build the model in tf_keras")
+    for call, fixes in ((bridge.to_tf_keras, rebuild),
+                        (lambda m: prune.prune_to_sparsity(m, 0.5, 1, 1, method="tfmot"), rebuild),
+                        (quantize.quantize_aware,  # what works for the model as it is
+                         ("TF-MOT's limit", "tfaccel.keras3_quantized(model, 'int8')",
+                          "mode='int8'"))):
         with pytest.raises(errors.UnsupportedLayerError) as info:
             call(model3)
         message = str(info.value)
         assert "\n" not in message
         for part in ("3 layer(s)", "my_doubler (Doubler: a custom layer class)",
-                     "plus_one (Lambda", "multiply (Multiply: a raw operation",
-                     "keras.layers.Rescaling", "build the model in tf_keras"):
+                     "plus_one (Lambda", "multiply (Multiply: a raw operation", *fixes):
             assert part in message, part
 
 

@@ -42,8 +42,8 @@ from tfaccel import _compat
 from tfaccel.compress import prune
 from tfaccel.compress.pruning_plan import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
-from tfaccel.keras import clone_with_weights, ensure_tf_keras, keras
-from tfaccel.keras.bridge import as_tf_keras
+from tfaccel.keras import clone_with_weights, ensure_tf_keras, is_keras3_object, keras
+from tfaccel.keras.bridge import as_tf_keras, untranslatable_layers
 from tfaccel.train.precision import apply_precision, precision_scope
 
 SCHEMES = ("default", "prune_preserve")
@@ -201,6 +201,34 @@ def is_mixed_precision(model):
 
 # ---------------------------------------------------------------- QAT
 
+QAT_ALTERNATIVES = (
+    "what works for it: Keras 3's own int8/int4 (tfaccel.keras3_quantized(model, 'int8')) or "
+    "post-training int8 TFLite (tfaccel.convert_to_tflite(model, path, mode='int8', "
+    "representative_data=...))")
+"""What a Keras 3 model TF-MOT's QAT cannot take gets instead: both take any Keras 3 model."""
+
+
+def _tf_keras_for_qat(model):
+    """`model` in tf_keras for TF-MOT (a Keras 3 one translated by the bridge).
+
+    Raises:
+      UnsupportedLayerError: a Keras 3 model of custom layers (KerasHub's) or a subclassed
+        one: one line naming its layers, TF-MOT's limit and `QAT_ALTERNATIVES`.
+    """
+    if is_keras3_object(model):
+        try:
+            bad = untranslatable_layers(model)
+        except UnsupportedLayerError:
+            bad = [(getattr(model, "name", "model"), type(model).__name__, "subclassed")]
+        if bad:
+            listed = "; ".join(f"{name} ({kind}: {why})" for name, kind, why in bad[:3])
+            raise UnsupportedLayerError(
+                f"QAT cannot take {getattr(model, 'name', model)!r}: {len(bad)} layer(s) the "
+                f"tf_keras bridge cannot translate: {listed}{'; ...' if len(bad) > 3 else ''} "
+                f"(TF-MOT's limit: its quantize-aware training wraps standard tf_keras layers "
+                f"only); {QAT_ALTERNATIVES}")
+    return as_tf_keras(model)
+
 
 def check_qat_ready(model, only_layers=None, skip_layers=None):
     """Checks, before any training, that `quantize_aware` will accept `model` as asked.
@@ -213,7 +241,7 @@ def check_qat_ready(model, only_layers=None, skip_layers=None):
       UnsupportedLayerError: layers the default 8-bit scheme cannot quantize.
       ModelError: a model still wrapped for pruning.
     """
-    model = as_tf_keras(model)
+    model = _tf_keras_for_qat(model)
     if pruning_wrappers(model):
         raise ModelError(f"model {model.name!r} still has pruning wrappers: call strip_pruning "
                          "(tfaccel.compress.prune) before QAT")
@@ -324,7 +352,7 @@ def check_quantize_aware(model, scheme="default", only_layers=None, skip_layers=
       The errors of `prune.prune_to_sparsity` and `quantize_aware`
       (ConfigError, UnsupportedLayerError, ModelError).
     """
-    model = as_tf_keras(model)  # once, not at each step below
+    model = _tf_keras_for_qat(model)  # once, not at each step below
     for config in prune_configs:
         # Only the structure matters here: a one-step ramp that any config can take.
         config = dataclasses.replace(config, initial_sparsity=0.0, begin_epoch=0.0,

@@ -2,7 +2,8 @@
 
 TensorFlow has no Keras API for either (`keras.distribution` runs on JAX and
 PyTorch only), so tfaccel runs the model's layer graph itself. `pipeline_parallel`
-splits a Sequential or functional tf_keras model into consecutive stages
+splits a Sequential or functional tf_keras model (or a Keras 3 one of standard layers,
+as its verified tf_keras translation) into consecutive stages
 (`tfaccel.parallel.stages`), makes each stage's variables on its own device and
 returns a `PipelineModel`, a Keras model to `compile` and `fit` as before:
 
@@ -87,7 +88,9 @@ def pipeline_parallel(model, num_stages=None, boundaries=None, devices=None, mic
 
     Args:
       model: a built Sequential or functional tf_keras model (not compiled yet: compile the
-        returned model). Its weights are copied; train the returned model.
+        returned model), or a Keras 3 one of standard layers (its verified tf_keras
+        translation is split: `stages.splittable_model`). Its weights are copied; train the
+        returned model.
       num_stages / boundaries: how to split (see `stages.plan_stages`).
       devices: one per stage; default `parallel_devices()` (GPUs, else logical CPUs).
       micro_batches: M parts per batch (1: model parallelism).
@@ -105,6 +108,7 @@ def pipeline_parallel(model, num_stages=None, boundaries=None, devices=None, mic
     if tf.distribute.has_strategy():
         raise ConfigError("pipeline/model parallelism inside a tf.distribute strategy is not "
                           "supported: build the model outside strategy.scope()")
+    model = stages_lib.splittable_model(model)
     stages_lib.check_splittable(model)
     regularized = [layer.name for layer in model.layers
                    if getattr(layer, "activity_regularizer", None) is not None]

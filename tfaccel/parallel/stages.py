@@ -1,13 +1,15 @@
 """A model's layers split into consecutive stages, one per device, and the table that shows it.
 
-Model and pipeline parallelism (`tfaccel.parallel.pipeline`) run a Sequential
-or functional tf_keras model as K stages: stage k holds a consecutive run of the
-model's layers (in an order that can run them) and lives on device k. Stages are
-cut where the user names a layer (each named layer starts a stage) or balanced
-automatically: by parameters, each cut at the layer where the running parameter
-count is nearest to k/K of the total, so each stage is within one layer's size of
-equal; or by the memory planner's estimate (`balance="memory"`). A tensor that
-crosses a cut is sent to the next stage; one that skips a stage (a residual
+Model and pipeline parallelism (`tfaccel.parallel.pipeline`) run a Sequential or
+functional tf_keras model as K stages (a Keras 3 one of standard layers, such as
+`keras.applications.MobileNetV2`, as its verified tf_keras translation: same layers,
+same weights; a model of custom layers, KerasHub's, is refused naming what works): stage
+k holds a consecutive run of the model's layers (in an order that can run them) and
+lives on device k. Stages are cut where the user names a layer (each named layer starts
+a stage) or balanced automatically: by parameters, each cut at the layer where the
+running parameter count is nearest to k/K of the total, so each stage is within one
+layer's size of equal; or by the memory planner's estimate (`balance="memory"`). A
+tensor that crosses a cut is sent to the next stage; one that skips a stage (a residual
 connection spanning it) is passed along by that stage, and the table says so.
 
 Example:
@@ -23,8 +25,8 @@ Example:
 import dataclasses
 
 from tfaccel import _compat, choices
-from tfaccel.errors import ConfigError, ModelError
-from tfaccel.keras import ensure_tf_keras, keras
+from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError
+from tfaccel.keras import bridge, ensure_tf_keras, is_keras3_object, keras
 from tfaccel.performance import memory_profile, plan
 from tfaccel.performance.plan import (  # balanced_cuts: the one rule, also this module's name
     PlanSettings,
@@ -33,8 +35,14 @@ from tfaccel.performance.plan import (  # balanced_cuts: the one rule, also this
 )
 
 __all__ = ["BALANCES", "Stage", "StagePlan", "plan_stages", "check_splittable", "layer_order",
-           "balanced_cuts", "cuts_at", "live_tensors"]
+           "balanced_cuts", "cuts_at", "live_tensors", "splittable_model", "UNSPLITTABLE_ADVICE"]
 BALANCES = choices.STAGE_BALANCES
+UNSPLITTABLE_ADVICE = (
+    "what works for it: data parallelism (tfaccel.make_strategy('mirrored'), the recipes' "
+    "--strategy=mirrored) with gradient accumulation (--grad_accum_steps) for a larger batch, "
+    "or for a GPT tfaccel's own, which splits (recipes/train_lm.py --parallel=pipeline "
+    "--stage_boundaries=block_1_ln_1)")
+"""What a refusal to split a model offers instead: each works for any Keras model."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +95,33 @@ class StagePlan:
         return {"model": self.model_name, "micro_batches": self.micro_batches,
                 "bubble_fraction": self.bubble_fraction,
                 "stages": [dataclasses.asdict(s) for s in self.stages]}
+
+
+def splittable_model(model):
+    """`model` as the tf_keras layer graph that stages split: a tf_keras model as it is, a
+    Keras 3 Sequential or functional model of standard layers as its verified tf_keras
+    translation (`tfaccel.keras.bridge.to_tf_keras`; `bridge.to_keras3(staged.placed)` is
+    the way back).
+
+    Raises:
+      UnsupportedLayerError: a Keras 3 model of custom layers (KerasHub's) or a subclassed
+        one: one line naming its layers, the limit (tfaccel's: the stages place layers it
+        can rebuild on a device) and `UNSPLITTABLE_ADVICE`.
+    """
+    if not is_keras3_object(model):
+        return model
+    try:
+        bad = bridge.untranslatable_layers(model)
+    except UnsupportedLayerError:
+        bad = [(getattr(model, "name", "model"), type(model).__name__, "subclassed")]
+    if bad:
+        listed = ", ".join(f"{name} ({kind})" for name, kind, _ in bad[:3])
+        raise UnsupportedLayerError(
+            f"the pipeline cannot split {getattr(model, 'name', model)!r} at {listed}"
+            f"{', ...' if len(bad) > 3 else ''}: tfaccel's stages rebuild standard Keras layers "
+            f"of a functional graph on their devices, not custom or subclassed ones; "
+            f"{UNSPLITTABLE_ADVICE}")
+    return bridge.to_tf_keras(model)
 
 
 def check_splittable(model):
@@ -164,7 +199,7 @@ def plan_stages(model, num_stages=None, boundaries=None, devices=None, balance="
     """Splits `model` into consecutive stages and places stage k on `devices[k]`.
 
     Args:
-      model: a built Sequential or functional tf_keras model.
+      model: a built Sequential or functional model (a Keras 3 one: `splittable_model`).
       num_stages: how many stages (balanced by `balance`); or give `boundaries`.
       boundaries: layer names, in order, each the first layer of a stage after the first.
       devices: one device string per stage (default: '/CPU:0' for all).
@@ -179,6 +214,7 @@ def plan_stages(model, num_stages=None, boundaries=None, devices=None, balance="
       ConfigError / ModelError: one line naming the problem and the fix.
     """
 
+    model = splittable_model(model)
     names = layer_order(model)
     if balance not in BALANCES:
         raise ConfigError(f"balance={balance!r}: use one of {', '.join(BALANCES)}")

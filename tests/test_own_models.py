@@ -1,0 +1,340 @@
+"""Bring your own model: models nobody here wrote, through every technique (issue #27's matrix).
+
+Rows: tf_keras and Keras 3 `keras.applications` MobileNetV2 (alpha 0.35, 96x96), ResNet50
+and EfficientNetB0 (64x64), a KerasHub GPT2 causal LM (2 layers, 4 heads, hidden 128) and
+a KerasHub BERT classifier (2 layers), all random init (weights=None, configs only).
+Columns: bf16 training steps, pruning to 50%, QAT to int8 TFLite, PTQ dynamic and int8
+TFLite (the file run, logits against Keras), Keras 3 int8/int4, the memory plan, the
+pipeline. A cell either works (its values asserted) or is in `REFUSED` with whose limit it
+is and what works instead: a refusal that starts working, or a crash, fails the test.
+The image models are the slow tier; the KerasHub cells that take seconds are the fast one.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+import tfaccel
+from tfaccel.compress import keras3_quantize, sparsity, tflite_eval
+from tfaccel.compress.pruning_plan import PruneConfig
+from tfaccel.errors import ModelError, TfaccelError
+from tfaccel.keras import keras, keras3, keras_of
+
+IMAGES = {"mobilenet_v2": ((96, 96, 3), "MobileNetV2", {"alpha": 0.35}),
+          "resnet50": ((64, 64, 3), "ResNet50", {}),
+          "efficientnet_b0": ((64, 64, 3), "EfficientNetB0", {})}
+HUB = ("gpt2", "bert")
+MODELS = [f"{flavour}_{name}" for name in IMAGES for flavour in ("tf_keras", "keras3")] + list(HUB)
+TECHNIQUES = ("bf16", "prune", "qat", "tflite_dynamic", "tflite_int8", "keras3_int8",
+              "keras3_int4", "plan", "pipeline")
+VOCABULARY, LENGTH, CLASSES, BATCH = 100, 16, 10, 4
+TOLERANCE = {"tflite_dynamic": 0.05, "tflite_int8": 0.15, "qat": 0.15, "keras3_int8": 0.05,
+             "keras3_int4": 0.35}
+"""Largest |TFLite or quantized - Keras| of the outputs, as a share of the largest |Keras|."""
+
+_KERAS3_ONLY = ("Keras 3 quantization needs a Keras 3 model", "to_keras3")
+_HUB_QAT = ("TF-MOT's limit", "tfaccel.keras3_quantized(model, 'int8')")
+_HUB_PIPELINE = ("tfaccel's stages", "--strategy=mirrored")
+REFUSED = {
+    **{(f"tf_keras_{name}", mode): _KERAS3_ONLY for name in IMAGES
+       for mode in ("keras3_int8", "keras3_int4")},
+    ("gpt2", "qat"): _HUB_QAT, ("bert", "qat"): _HUB_QAT,
+    ("tf_keras_efficientnet_b0", "qat"): ("TF-MOT default 8-bit scheme", "skip_layers=[...]"),
+    ("gpt2", "pipeline"): _HUB_PIPELINE, ("bert", "pipeline"): _HUB_PIPELINE,
+}
+"""(model, technique): (whose limit, as the message says it; what works, as it names it)."""
+_BRIDGE_ATOL = ("the bridge verifies its tf_keras translation within atol 1e-5 and refuses it "
+                "(2.3e-5 MobileNetV2, 2.7e-3 ResNet50: float32 rounding of a chaotic random-init "
+                "net), and neither "
+                "prune_to_sparsity's auto nor quantize_aware nor pipeline_parallel lets a user "
+                "pass a larger atol: a dead end, not yet fixed", ModelError)
+_CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights moves its "
+            "logits by 1.3x the largest one (tf_keras MobileNetV2, measured), so int8 weights "
+            "miss the tolerance (dynamic 0.14-0.48, int8 0.22-1.1, QAT 0.40-0.67 of the largest "
+            "|logit|) "
+            "while the float file matches within 2.5e-5; the test needs trained weights here",
+            AssertionError)
+OPEN = {
+    **{(f"keras3_{name}", t): _BRIDGE_ATOL for name in ("mobilenet_v2", "resnet50")
+       for t in ("prune", "qat", "pipeline")},
+    **{(f"{flavour}_resnet50", t): _CHAOTIC for flavour in ("tf_keras", "keras3")
+       for t in ("tflite_dynamic", "tflite_int8")},
+    ("tf_keras_resnet50", "qat"): _CHAOTIC,
+    **{(f"{flavour}_mobilenet_v2", technique): _CHAOTIC for flavour in ("tf_keras", "keras3")
+       for technique in ("tflite_dynamic", "tflite_int8")},
+    ("tf_keras_mobilenet_v2", "qat"): _CHAOTIC,
+    **{("keras3_efficientnet_b0", t): (
+        "the bridge's tf_keras translation computes another model (1.3e4 away: a translation "
+        "bug, not yet found) and is refused, but its advice (a larger atol) is wrong: a dead "
+        "end", ModelError) for t in ("prune", "qat", "pipeline")},
+    ("keras3_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
+    ("tf_keras_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
+    ("tf_keras_efficientnet_b0", "tflite_int8"): _CHAOTIC,
+    ("keras3_efficientnet_b0", "tflite_int8"): _CHAOTIC,
+}
+"""Cells that neither work nor refuse per item 8 yet, as measured (strict: a fix fails them)."""
+FAST = {(m, t) for m in HUB for t in ("qat", "pipeline")}
+"""The cells of the fast tier (about a second each); the others take 10 s to minutes."""
+
+
+def _hub(name):
+    keras_hub = pytest.importorskip("keras_hub")
+    size = dict(vocabulary_size=VOCABULARY, num_layers=2, num_heads=4, hidden_dim=128,
+                intermediate_dim=512, max_sequence_length=LENGTH)
+    if name == "gpt2":
+        return keras_hub.models.GPT2CausalLM(backbone=keras_hub.models.GPT2Backbone(**size),
+                                             preprocessor=None)
+    return keras_hub.models.BertTextClassifier(backbone=keras_hub.models.BertBackbone(**size),
+                                               num_classes=2, preprocessor=None)
+
+
+def build(name):
+    """A new model of the row `name`, random init (seeded: the same weights each run)."""
+    keras3().utils.set_random_seed(0)
+    if name in HUB:
+        return _hub(name)
+    shape, cls, extra = IMAGES[_image(name)]
+    module = keras if name.startswith("tf_keras") else keras3()
+    model = getattr(module.applications, cls)(input_shape=shape, weights=None, classes=CLASSES,
+                                              classifier_activation=None, **extra)
+    return with_batch_statistics(model, data(name, 8)[0])
+
+
+def with_batch_statistics(model, x):
+    """`model` with its BatchNorms' moving statistics set to those of `x`. A random-init
+    application's inference-mode BatchNorms (mean 0, variance 1) shrink its activations layer
+    after layer to ~1e-11: every output would be the same, and every comparison empty."""
+    norms = [layer for layer in model._flatten_layers()
+             if type(layer).__name__ == "BatchNormalization"]
+    momenta = [layer.momentum for layer in norms]
+    for layer in norms:
+        layer.momentum = 0.0  # the moving statistics become the batch's
+    model(x, training=True)
+    for layer, momentum in zip(norms, momenta):
+        layer.momentum = momentum
+    assert float(np.std(np.asarray(model(x, training=False)))) > 0.01
+    return model
+
+
+def _image(name):
+    return name.removeprefix("tf_keras_").removeprefix("keras3_")
+
+
+@functools.lru_cache(maxsize=None)
+def built(name):
+    """The row's model, built once per session: for the cells that do not change it."""
+    return build(name)
+
+
+def data(name, count=BATCH, seed=0):
+    """(inputs, labels) for the row's model: images in [0, 1), or token ids."""
+    rng = np.random.default_rng(seed)
+    if name in HUB:
+        x = {"token_ids": rng.integers(0, VOCABULARY, (count, LENGTH)).astype("int32"),
+             "padding_mask": np.ones((count, LENGTH), "int32")}
+        if name == "bert":
+            x["segment_ids"] = np.zeros((count, LENGTH), "int32")
+            return x, rng.integers(0, 2, (count,))
+        return x, np.roll(x["token_ids"], -1, axis=1)
+    shape = IMAGES[_image(name)][0]
+    return rng.random((count, *shape), dtype=np.float32), rng.integers(0, CLASSES, (count,))
+
+
+def _compile(model, learning_rate=0.01):
+    k = keras_of(model)  # every row's model outputs logits
+    model.compile(optimizer=k.optimizers.SGD(learning_rate),
+                  loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def _logits(model, x):
+    return np.asarray(model(x, training=False), np.float32)
+
+
+def _within(got, expected, tolerance):
+    """The largest |got - expected| as a share of the largest |expected|, checked."""
+    assert got.shape == expected.shape
+    error = float(np.abs(got - expected).max() / np.abs(expected).max())
+    assert error <= tolerance, error
+    return error
+
+
+def _run_tflite(path, x):
+    """The file's outputs for `x` (one array, or token-id feeds by input name)."""
+    if not isinstance(x, dict):
+        return tflite_eval.predict_tflite(path, x)
+    interpreter = tflite_eval.make_interpreter(path)
+    outputs = []
+    for i in range(len(next(iter(x.values())))):
+        for detail in interpreter.get_input_details():
+            key = next(k for k in x if k in detail["name"])
+            interpreter.set_tensor(detail["index"], x[key][i:i + 1])
+        interpreter.invoke()
+        out = interpreter.get_output_details()[0]
+        y = interpreter.get_tensor(out["index"]).astype(np.float32)
+        if out["dtype"] == np.int8:
+            scale, zero = out["quantization"]
+            y = (y - zero) * scale
+        outputs.append(y)
+    return np.concatenate(outputs)
+
+
+def _calibration(name, x):
+    if name not in HUB:
+        return x
+    def examples():  # by input name: the converter feeds the signature's inputs by name
+        for i in range(len(x["token_ids"])):
+            yield {k: v[i:i + 1] for k, v in x.items()}
+
+    return examples
+
+
+# ---------------------------------------------------------------- the cells
+
+
+def cell_bf16(name, tmp_path):
+    model = built(name)  # left as it is: a float32 model is rebuilt under the policy
+    x, y = data(name)
+    before = [np.array(w) for w in model.trainable_weights]
+    with tfaccel.precision_scope("mixed_bfloat16"):
+        trained = tfaccel.apply_precision(model, "mixed_bfloat16")
+        _compile(trained)
+        history = trained.fit(x, y, batch_size=BATCH // 2, epochs=1, verbose=0)
+    assert type(trained) is type(model) and trained is not model
+    assert any(getattr(layer, "compute_dtype", None) == "bfloat16" for layer in
+               trained._flatten_layers())
+    assert np.isfinite(history.history["loss"]).all()
+    changed = sum(not np.array_equal(a, np.asarray(b))
+                  for a, b in zip(before, trained.trainable_weights))
+    assert changed > len(before) // 2
+    return f"{history.history['loss'][-1]:.2f} loss"
+
+
+def cell_prune(name, tmp_path):
+    model = build(name) if name in HUB else built(name)  # TF-MOT prunes a copy; native, itself
+    x, y = data(name)
+    pruned, callbacks = tfaccel.prune_to_sparsity(model, 0.5, 1, 2,
+                                                  PruneConfig(schedule="constant"), method="auto")
+    _compile(pruned)
+    pruned.fit(x, y, batch_size=BATCH // 2, epochs=1, verbose=0, callbacks=callbacks)
+    stripped = tfaccel.strip_pruning(pruned)
+    report = sparsity.sparsity_report(stripped)
+    kernels = [np.asarray(w) for w in stripped.weights if len(w.shape) >= 2]
+    zeros = sum(int(np.count_nonzero(k == 0)) for k in kernels)
+    assert report["pruned"]["sparsity"] == pytest.approx(0.5, abs=0.01)
+    assert zeros >= report["pruned"]["zeros"] > 0  # counted from the weights themselves
+    return f"{report['pruned']['sparsity']:.3f} zeros"
+
+
+def cell_qat(name, tmp_path):
+    x, y = data(name, 8)
+    qat = tfaccel.quantize_aware(built(name))
+    _compile(qat, learning_rate=0.0)
+    qat.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # the ranges see data; weights kept
+    path = tfaccel.convert_to_tflite(qat, str(tmp_path / "qat.tflite"), mode="int8")
+    return f"{_within(_run_tflite(path, x[:2]), _logits(qat, x[:2]), TOLERANCE['qat']):.3g}"
+
+
+def _ptq(name, tmp_path, mode):
+    model = built(name)
+    x, _ = data(name, 8)
+    path = tfaccel.convert_to_tflite(model, str(tmp_path / f"{mode}.tflite"), mode=mode,
+                                     representative_data=_calibration(name, x),
+                                     sequence_length=LENGTH if name in HUB else None)
+    few = {k: v[:2] for k, v in x.items()} if name in HUB else x[:2]
+    got = _run_tflite(path, few)
+    return f"{_within(got, _logits(model, few), TOLERANCE[f'tflite_{mode}']):.3g}"
+
+
+def cell_tflite_dynamic(name, tmp_path):
+    return _ptq(name, tmp_path, "dynamic")
+
+
+def cell_tflite_int8(name, tmp_path):
+    return _ptq(name, tmp_path, "int8")
+
+
+def _keras3(name, mode):
+    model = built(name)
+    x, _ = data(name, 2)
+    small = tfaccel.keras3_quantized(model, mode)
+    assert type(small) is type(model)
+    assert keras3_quantize.quantized_weights(small, model)["share"] > 0
+    return f"{_within(_logits(small, x), _logits(model, x), TOLERANCE[f'keras3_{mode}']):.3g}"
+
+
+def cell_keras3_int8(name, tmp_path):
+    return _keras3(name, "int8")
+
+
+def cell_keras3_int4(name, tmp_path):
+    return _keras3(name, "int4")
+
+
+def cell_plan(name, tmp_path):
+    model = built(name)
+    length = LENGTH if name in HUB else None
+    small, large = (tfaccel.plan_memory(model, batch_size=b, sequence_length=length)
+                    for b in (8, 16))
+    weights = sum(int(np.prod(w.shape)) * 4 for w in model.weights)
+    for plan in (small, large):
+        assert plan.total == sum(plan.breakdown.values())
+        assert plan.parameters == model.count_params()
+    assert weights <= small.total < large.total  # the activations grow with the batch
+    return f"{small.total / 2**20:.1f} MiB"
+
+
+def cell_pipeline(name, tmp_path):
+    model = built(name)
+    x, _ = data(name, 2)
+    staged = tfaccel.pipeline_parallel(model, num_stages=2, devices=["/CPU:0", "/CPU:1"],
+                                       micro_batches=2)
+    assert len(staged.plan.stages) == 2
+    return f"{_within(_logits(staged, x), _logits(model, x), 1e-5):.2g}"
+
+
+CELLS = {t: globals()[f"cell_{t}"] for t in TECHNIQUES}
+
+
+def _marks(model, technique):
+    marks = [] if (model, technique) in FAST else [pytest.mark.slow]
+    if (model, technique) in OPEN:
+        reason, raises = OPEN[(model, technique)]
+        marks.append(pytest.mark.xfail(strict=True, raises=raises, reason=reason))
+    return marks
+
+
+@pytest.mark.parametrize("model, technique", [
+    pytest.param(m, t, marks=_marks(m, t), id=f"{m}-{t}") for m in MODELS for t in TECHNIQUES])
+def test_cell(model, technique, tmp_path, record_property):
+    if model not in HUB:
+        pytest.importorskip("keras")  # Keras 3 beside tf_keras
+    if (model, technique) not in REFUSED:
+        record_property("measured", CELLS[technique](model, tmp_path))
+        return
+    owner, alternative = REFUSED[(model, technique)]
+    with pytest.raises(TfaccelError) as raised:
+        CELLS[technique](model, tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert owner in message and alternative in message, message
+    record_property("measured", f"refused: {message}")
+
+
+def test_the_pipeline_splits_a_keras3_functional_model_at_a_named_block():
+    """A Keras 3 functional model of standard layers is split as its verified tf_keras
+    translation, at the boundary named, and gives the unsplit outputs (the fast-tier check
+    of what the MobileNetV2 cells do)."""
+    k3 = keras3()
+    inputs = k3.Input((8, 8, 3))
+    h = k3.layers.Conv2D(4, 3, padding="same", activation="relu", name="stem")(inputs)
+    r = k3.layers.Conv2D(4, 3, padding="same", name="block_conv")(h)
+    h = k3.layers.Add(name="block_add")([h, r])
+    h = k3.layers.GlobalAveragePooling2D(name="pool")(h)
+    model = k3.Model(inputs, k3.layers.Dense(3, name="head")(h))
+    staged = tfaccel.pipeline_parallel(model, boundaries=["block_add"],
+                                       devices=["/CPU:0", "/CPU:1"])
+    assert [s.layers for s in staged.plan.stages] == [("stem", "block_conv"),
+                                                      ("block_add", "pool", "head")]
+    x = np.random.default_rng(1).random((3, 8, 8, 3), dtype=np.float32)
+    np.testing.assert_allclose(_logits(staged, x), _logits(model, x), atol=1e-6)
