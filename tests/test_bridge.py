@@ -321,3 +321,41 @@ def test_tfmot_leaves_keras_tf_keras_and_the_environment_as_they_were(read_first
     # tf.keras is what it was, or (not read before) what the user's environment makes it.
     assert after["tf.keras"] == before.get("tf.keras", after["tf.keras"])
     assert after["tf.keras"][1].startswith("3.")
+
+
+def _large_output_model():
+    """A Keras 3 model of standard layers whose outputs are about 1,000."""
+    inputs = keras3.Input((4,))
+    dense = keras3.layers.Dense(3, kernel_initializer=keras3.initializers.Constant(500.0))
+    return keras3.Model(inputs, dense(inputs))
+
+
+def test_the_check_allows_rounding_that_grows_with_the_outputs(monkeypatch):
+    # A translation 2e-3 away from outputs of ~1,000 (a deep random-init ResNet50's logits and
+    # their measured float32 rounding): accepted by atol + rtol x the largest |output|, refused
+    # by the absolute check alone, and the refusal names what works on the model as it is.
+    model = _large_output_model()
+    sample = np.ones((2, 4), np.float32)
+    monkeypatch.setattr(bridge, "max_difference", lambda a, b, sample=None: 2e-3)
+    assert flavour_of(bridge.to_tf_keras(model, sample=sample)) == "tf_keras"
+    with pytest.raises(errors.ModelError) as info:
+        bridge.to_tf_keras(model, sample=sample, rtol=0)
+    message = str(info.value)
+    assert "\n" not in message and "up to 0.002 away from the original (atol=1e-05, rtol=0)" \
+        in message
+    assert "tfaccel's limit" in message and "method='native'" in message
+    assert "keras3_quantized(model, 'int8')" in message
+
+
+def test_auto_pruning_of_a_model_whose_translation_is_refused_prunes_natively(monkeypatch):
+    model = _large_output_model()
+
+    def refuse(model, *args, **kwargs):
+        raise errors.ModelError("the tf_keras translation of 'x' gives outputs up to 1 away")
+
+    monkeypatch.setattr(prune, "as_tf_keras", refuse)
+    pruned, _ = prune.prune_to_sparsity(model, 0.5, 1, 2, prune.PruneConfig(min_weights=0))
+    assert flavour_of(pruned) == "keras3" and prune.choose_method(model) == "tfmot"
+    with pytest.raises(errors.ModelError):  # TF-MOT asked for by name: the refusal stands
+        prune.prune_to_sparsity(model, 0.5, 1, 2, prune.PruneConfig(min_weights=0),
+                                method="tfmot")

@@ -18,7 +18,7 @@ import pytest
 import tfaccel
 from tfaccel.compress import keras3_quantize, sparsity, tflite_eval
 from tfaccel.compress.pruning_plan import PruneConfig
-from tfaccel.errors import ModelError, TfaccelError
+from tfaccel.errors import TfaccelError
 from tfaccel.keras import keras, keras3, keras_of
 
 IMAGES = {"mobilenet_v2": ((96, 96, 3), "MobileNetV2", {"alpha": 0.35}),
@@ -36,19 +36,18 @@ TOLERANCE = {"tflite_dynamic": 0.05, "tflite_int8": 0.15, "qat": 0.15, "keras3_i
 _KERAS3_ONLY = ("Keras 3 quantization needs a Keras 3 model", "to_keras3")
 _HUB_QAT = ("TF-MOT's limit", "tfaccel.keras3_quantized(model, 'int8')")
 _HUB_PIPELINE = ("tfaccel's stages", "--strategy=mirrored")
+_BRIDGE_REFUSED = ("tfaccel's limit", "method='native'")
 REFUSED = {
     **{(f"tf_keras_{name}", mode): _KERAS3_ONLY for name in IMAGES
        for mode in ("keras3_int8", "keras3_int4")},
     ("gpt2", "qat"): _HUB_QAT, ("bert", "qat"): _HUB_QAT,
     ("tf_keras_efficientnet_b0", "qat"): ("TF-MOT default 8-bit scheme", "skip_layers=[...]"),
     ("gpt2", "pipeline"): _HUB_PIPELINE, ("bert", "pipeline"): _HUB_PIPELINE,
+    # Its tf_keras translation computes another model (0.25 of the largest logit away: a bridge
+    # bug not yet found), so what needs tf_keras is refused naming what works on the model.
+    **{("keras3_efficientnet_b0", t): _BRIDGE_REFUSED for t in ("qat", "pipeline")},
 }
 """(model, technique): (whose limit, as the message says it; what works, as it names it)."""
-_BRIDGE_ATOL = ("the bridge verifies its tf_keras translation within atol 1e-5 and refuses it "
-                "(2.3e-5 MobileNetV2, 2.7e-3 ResNet50: float32 rounding of a chaotic random-init "
-                "net), and neither "
-                "prune_to_sparsity's auto nor quantize_aware nor pipeline_parallel lets a user "
-                "pass a larger atol: a dead end, not yet fixed", ModelError)
 _CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights moves its "
             "logits by 1.3x the largest one (tf_keras MobileNetV2, measured), so int8 weights "
             "miss the tolerance (dynamic 0.14-0.48, int8 0.22-1.1, QAT 0.40-0.67 of the largest "
@@ -56,18 +55,13 @@ _CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights 
             "while the float file matches within 2.5e-5; the test needs trained weights here",
             AssertionError)
 OPEN = {
-    **{(f"keras3_{name}", t): _BRIDGE_ATOL for name in ("mobilenet_v2", "resnet50")
-       for t in ("prune", "qat", "pipeline")},
+    **{(f"keras3_{name}", "qat"): _CHAOTIC for name in ("mobilenet_v2", "resnet50")},
     **{(f"{flavour}_resnet50", t): _CHAOTIC for flavour in ("tf_keras", "keras3")
        for t in ("tflite_dynamic", "tflite_int8")},
     ("tf_keras_resnet50", "qat"): _CHAOTIC,
     **{(f"{flavour}_mobilenet_v2", technique): _CHAOTIC for flavour in ("tf_keras", "keras3")
        for technique in ("tflite_dynamic", "tflite_int8")},
     ("tf_keras_mobilenet_v2", "qat"): _CHAOTIC,
-    **{("keras3_efficientnet_b0", t): (
-        "the bridge's tf_keras translation computes another model (1.3e4 away: a translation "
-        "bug, not yet found) and is refused, but its advice (a larger atol) is wrong: a dead "
-        "end", ModelError) for t in ("prune", "qat", "pipeline")},
     ("keras3_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
     ("tf_keras_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
     ("tf_keras_efficientnet_b0", "tflite_int8"): _CHAOTIC,
@@ -290,7 +284,11 @@ def cell_pipeline(name, tmp_path):
     staged = tfaccel.pipeline_parallel(model, num_stages=2, devices=["/CPU:0", "/CPU:1"],
                                        micro_batches=2)
     assert len(staged.plan.stages) == 2
-    return f"{_within(_logits(staged, x), _logits(model, x), 1e-5):.2g}"
+    # A Keras 3 model runs as its verified tf_keras translation (the bridge's rtol 1e-5) in
+    # micro-batches: float32 rounding of a deep random-init net (measured 1.3e-5 MobileNetV2,
+    # 3.9e-5 ResNet50, of the largest logit).
+    tolerance = 1e-4 if keras_of(model) is not keras else 1e-5
+    return f"{_within(_logits(staged, x), _logits(model, x), tolerance):.2g}"
 
 
 CELLS = {t: globals()[f"cell_{t}"] for t in TECHNIQUES}

@@ -212,11 +212,19 @@ def prune_to_sparsity(model, target_sparsity, epochs, steps_per_epoch, config=Pr
                               "only logdir (log_dir is its former name)")
         logdir = log_dir
     flavour = flavour_of(model)
-    if choose_method(model, config, method) == "native":
+    chosen = choose_method(model, config, method)
+    if chosen == "tfmot":
+        try:
+            model = as_tf_keras(model)
+        except ModelError as e:  # a Keras 3 model whose translation computes another model
+            if method != "auto":
+                raise
+            logging.warning("pruning %s without TF-MOT: %s", model.name, first_line(e))
+            chosen = "native"
+    if chosen == "native":
         return _prune_natively(model, target_sparsity, epochs, steps_per_epoch, config,
                                logdir=logdir, backup_dir=backup_dir, backup_freq=backup_freq,
                                delete_backup_after_fit=delete_backup_after_fit)
-    model = as_tf_keras(model)
     plan = plan_pruning(model, config)
     schedule = make_pruning_schedule(target_sparsity, epochs, steps_per_epoch, config)
     params = {"pruning_schedule": schedule, "block_pooling_type": config.block_pooling,
