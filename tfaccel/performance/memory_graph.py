@@ -16,9 +16,10 @@ keeps its gradient of the logits.
 
 The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked for
 (`pool_slack`): the step's buffers (`step_buffers`) replayed through the allocator's
-rules (`tfaccel.performance.memory_pool`). What the graph cannot see: the order
-TensorFlow actually runs independent ops in (it changes from run to run, and so does
-the peak), backend workspaces; a measured calibration
+rules (`tfaccel.performance.memory_pool`), in the order the ops were made and in
+`ORDERS - 1` orders TensorFlow's executor could take (`executor_order`), the largest
+peak kept: the real order changes from run to run, and so does the real peak. What the
+graph cannot see: the one order a run took, backend workspaces; a measured calibration
 (`tfaccel.performance.calibrate`) sees them.
 
 Example:
