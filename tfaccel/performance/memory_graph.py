@@ -220,9 +220,10 @@ def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=N
     The traced step's buffers (`step_buffers`: activations, their gradients, the weight
     casts and gradients) are replayed through `memory_pool.training_peaks` after the
     weights and the input batch, with `slots` optimizer slots per trainable weight made
-    at the first update (and a float32 accumulator per trainable weight with
-    `accumulators`), as `benchmarks/bench_memory.py` measures (two warm-up steps, then
-    three). The step runs in `orders` op orders: the order its ops were made in and
+    at the first update (and with `accumulators` the accumulation loop's two float32 copies
+    per trainable weight: the accumulator and its sum with the micro-batch's gradients),
+    as `benchmarks/bench_memory.py` measures (two warm-up steps, then three). The step
+    runs in `orders` op orders: the order its ops were made in and
     ``orders - 1`` executor-like ones (`executor_order`, seeds ``seed + 1``, ...). The
     slack is the largest of their pool peaks minus the exact peak of the creation order
     (what the plan's other rows count): the chunks served whole and what a worse order
@@ -235,7 +236,7 @@ def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=N
     weights = [int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
                for v in model.weights]
     trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
-    persistent = weights + [_bytes(t) for t in inputs] + (trainable if accumulators else [])
+    persistent = weights + [_bytes(t) for t in inputs] + (2 * trainable if accumulators else [])
     worst, exact = 0, None
     for k in range(int(orders)):
         order = executor_order(graph, seed + k) if k else None
