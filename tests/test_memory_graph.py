@@ -112,3 +112,50 @@ def test_weight_reads_are_no_buffers_and_weight_gradients_are_model_states():
     assert kernel_grad == [(8 * 16 * 4, False)]  # the first kernel's gradient
     # every allocation is freed by the step's end
     assert sorted(n for n, b, _ in events if b is None) == sorted(allocated)
+
+
+def test_executor_orders_are_topological_and_the_same_seed_gives_the_same_order():
+    graph = _step_graph(_mlp(), 2)
+    orders = [memory_graph.executor_order(graph, seed) for seed in (1, 1, 2, 3)]
+    for order in orders:
+        assert sorted(op.name for op in order) == sorted(op.name for op in graph.get_operations())
+        position = {op.name: i for i, op in enumerate(order)}
+        for op in order:  # every op after the ops it reads and its control inputs
+            assert all(position[t.op.name] < position[op.name] for t in op.inputs)
+            assert all(position[c.name] < position[op.name] for c in op.control_inputs)
+    names = [[op.name for op in order] for order in orders]
+    assert names[0] == names[1]
+    assert names[1] != names[2] or names[1] != names[3]  # the ready ops are drawn at random
+
+
+def test_every_order_keeps_the_backward_passs_tensors_alive_at_once():
+    # whatever the order, the backward pass starts after the loss, so the kept activations
+    # (all but the input, which is the plan's input batch) are alive together at its start
+    graph = _step_graph(_mlp(), 2)
+    creation_kept, _ = memory_graph.live_bytes(graph)
+    for seed in range(1, 6):
+        kept, peak = memory_graph.live_bytes(graph, memory_graph.executor_order(graph, seed))
+        assert kept == creation_kept == 2 * 4 * (8 + 16 + 4)
+        assert peak >= kept - 2 * 4 * 8
+
+
+def test_the_slack_over_several_orders_covers_the_creation_order_and_repeats_by_seed():
+    model = keras.Sequential([keras.Input((6, 6, 2)),
+                              keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+                              keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)])
+    one = memory_graph.pool_slack(model, 64, slots=2, orders=1)
+    several = memory_graph.pool_slack(model, 64, slots=2, orders=4, seed=7)
+    assert several >= one >= 0
+    assert memory_graph.pool_slack(model, 64, slots=2, orders=4, seed=7) == several
+    with pytest.raises(ConfigError, match="orders=0"):
+        memory_graph.pool_slack(model, 64, orders=0)
+
+
+def test_the_transient_is_the_largest_kept_tensor_the_step_makes_not_its_input():
+    # the input (64 floats) is the largest tensor the kernel's gradient reads, but no gradient
+    # of the input is made: the transient is the hidden ReLU output's (8 floats)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(2)])
+    kept, largest = memory_graph.saved_bytes(model, 4)
+    assert (kept, largest) == (4 * 4 * (64 + 8 + 2), 4 * 4 * 8)

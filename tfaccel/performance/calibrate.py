@@ -19,8 +19,9 @@ the allocator's rounding), so on this machine it is the better number; the graph
 (`tfaccel.performance.memory_graph`) is the one that transfers to another device (it
 counts tensors, not one backend's buffers) and costs no run. They disagree most on
 convolutions on CPUs without AVX-512 (oneDNN's AVX2 kernels keep large workspaces).
-Under gradient accumulation the step runs one micro-batch; the accumulator (float32,
-one per trainable weight) is added.
+Under gradient accumulation the step runs one micro-batch; the accumulation loop's two
+float32 copies of the gradients (the accumulator it carries and its sum with the
+micro-batch's gradients, `plan`'s "accumulated gradients") are added.
 
 Example:
 
@@ -126,7 +127,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
     spread = max(max(int(run[b]) for run in runs) / min(int(run[b]) for run in runs) - 1
                  for b in runs[0])
     per_example, fixed = fit_line(peaks)
-    accumulator = 4 * trainable if settings.grad_accum_steps > 1 else 0
+    accumulator = 8 * trainable if settings.grad_accum_steps > 1 else 0
     predicted = int(round(fixed + per_example * micro)) + accumulator
     return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread)
 

@@ -16,9 +16,10 @@ keeps its gradient of the logits.
 
 The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked for
 (`pool_slack`): the step's buffers (`step_buffers`) replayed through the allocator's
-rules (`tfaccel.performance.memory_pool`). What the graph cannot see: the order
-TensorFlow actually runs independent ops in (it changes from run to run, and so does
-the peak), backend workspaces; a measured calibration
+rules (`tfaccel.performance.memory_pool`), in the order the ops were made and in
+`ORDERS - 1` orders TensorFlow's executor could take (`executor_order`), the largest
+peak kept: the real order changes from run to run, and so does the real peak. What the
+graph cannot see: the one order a run took, backend workspaces; a measured calibration
 (`tfaccel.performance.calibrate`) sees them.
 
 Example:
@@ -28,6 +29,8 @@ Example:
     profile = memory_graph.traced_profile(model, sequence_length=128)
     print(plan.format_plan(plan.plan_memory(profile, batch_size=64)))
 """
+
+import random
 
 import tensorflow as tf
 
@@ -108,12 +111,47 @@ _IN_PLACE = frozenset((
     "TanhGrad"))
 
 
-def step_buffers(graph):
+ORDERS = 8
+"""Op orders the pooled allocator's replay tries (the creation order and ORDERS - 1 executor-like
+orders); the plan keeps the largest peak, as the benchmark keeps the largest process."""
+
+
+def executor_order(graph, seed):
+    """The ops of `graph` in an order TensorFlow's executor could run them: an op is ready when
+    the ops it reads (and its control inputs) have run, and the next op is drawn at random
+    among the ready ones (`random.Random(seed)`: the same seed, the same order), as the
+    executor's thread pool takes ready ops in an order that changes from run to run."""
+    ops = graph.get_operations()
+    index = {op.name: i for i, op in enumerate(ops)}
+    waiting, readers = [0] * len(ops), [[] for _ in ops]
+    for i, op in enumerate(ops):
+        before = {index[t.op.name] for t in op.inputs if t.op.name in index}
+        before |= {index[c.name] for c in op.control_inputs if c.name in index}
+        waiting[i] = len(before)
+        for j in before:
+            readers[j].append(i)
+    rng = random.Random(seed)
+    ready, order = [i for i, n in enumerate(waiting) if not n], []
+    while ready:
+        k = rng.randrange(len(ready))
+        ready[k], ready[-1] = ready[-1], ready[k]
+        i = ready.pop()
+        order.append(ops[i])
+        for j in readers[i]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                ready.append(j)
+    return order
+
+
+def step_buffers(graph, order=None):
     """The buffers one run of `graph` (a traced step) allocates and frees, in order: a list
     of ``(name, bytes, is_activation)`` for an allocation and ``(name, None, None)`` for a
     free (see `live_bytes` for the rules; `is_activation` is False for model states: the
-    casts of the weights, the step's outputs, i.e. the weights' gradients)."""
-    ops = graph.get_operations()
+    casts of the weights, the step's outputs, i.e. the weights' gradients). The ops run in
+    `order` (a topological order of the graph's ops, e.g. `executor_order`), by default the
+    order they were made in."""
+    ops = list(order) if order is not None else graph.get_operations()
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
     last_read = {}
@@ -149,7 +187,7 @@ def step_buffers(graph):
     return events
 
 
-def live_bytes(graph):
+def live_bytes(graph, order=None):
     """(kept, peak): bytes of the forward tensors the backward pass reads (`saved_tensors`),
     and the largest sum of activation buffers alive at once while the step runs.
 
@@ -164,7 +202,7 @@ def live_bytes(graph):
     model states; so are the step's outputs (the weights' gradients); the inputs are the
     plan's input batches."""
     sizes, live, peak = {}, 0, 0
-    for name, nbytes, activation in step_buffers(graph):
+    for name, nbytes, activation in step_buffers(graph, order):
         if nbytes is None:
             live -= sizes.pop(name, 0)
         elif activation:
@@ -174,33 +212,49 @@ def live_bytes(graph):
     return sum(saved_tensors(graph).values()), peak
 
 
-def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=None):
+def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=None,
+               orders=ORDERS, seed=0):
     """Bytes TensorFlow's pooled (BFC) allocator holds at its peak beyond the bytes asked for,
     for training steps of `model` at `batch_size` (a micro-batch under accumulation).
 
     The traced step's buffers (`step_buffers`: activations, their gradients, the weight
     casts and gradients) are replayed through `memory_pool.training_peaks` after the
     weights and the input batch, with `slots` optimizer slots per trainable weight made
-    at the first update (and a float32 accumulator per trainable weight with
-    `accumulators`), as `benchmarks/bench_memory.py` measures (two warm-up steps, then
-    three). The slack is the pool's peak minus the same sequence's exact peak.
+    at the first update (and with `accumulators` the accumulation loop's two float32 copies
+    per trainable weight: the accumulator and its sum with the micro-batch's gradients),
+    as `benchmarks/bench_memory.py` measures (two warm-up steps, then three). The step
+    runs in `orders` op orders: the order its ops were made in and
+    ``orders - 1`` executor-like ones (`executor_order`, seeds ``seed + 1``, ...). The
+    slack is the largest of their pool peaks minus the exact peak of the creation order
+    (what the plan's other rows count): the chunks served whole and what a worse order
+    of independent ops keeps alive at once (TensorFlow's executor takes ready ops in an
+    order that changes from run to run, and the benchmark keeps the largest run).
     """
+    if int(orders) < 1:
+        raise ConfigError(f"orders={orders}: replay at least one op order")
     graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
     weights = [int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
                for v in model.weights]
     trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
-    persistent = weights + [_bytes(t) for t in inputs] + (trainable if accumulators else [])
-    pool, exact = memory_pool.training_peaks(persistent, step_buffers(graph),
-                                             trainable * int(slots))
-    return max(0, pool - exact)
+    persistent = weights + [_bytes(t) for t in inputs] + (2 * trainable if accumulators else [])
+    worst, exact = 0, None
+    for k in range(int(orders)):
+        order = executor_order(graph, seed + k) if k else None
+        pool, peak = memory_pool.training_peaks(persistent, step_buffers(graph, order),
+                                                trainable * int(slots))
+        worst, exact = max(worst, pool), peak if exact is None else exact
+    return max(0, worst - exact)
 
 
 def saved_bytes(model, batch_size, sequence_length=None):
-    """(bytes the backward pass keeps, bytes of its largest kept tensor) for one training
-    step of `model` at `batch_size` (traced, not run)."""
+    """(bytes the backward pass keeps, bytes of its largest kept tensor that is not an input of
+    the step) for one training step of `model` at `batch_size` (traced, not run). The
+    largest gives the backward transient, its gradient: the model's inputs get none."""
     graph, _ = utilization.traced_step(model, batch_size, sequence_length, loss="square")
     kept = saved_tensors(graph)
-    return sum(kept.values()), max(kept.values(), default=0)
+    made = [n for name, n in kept.items()
+            if graph.get_tensor_by_name(name).op.type != "Placeholder"]
+    return sum(kept.values()), max(made, default=0)
 
 
 def traced_profile(model, sequence_length=None, batches=TRACE_BATCHES):

@@ -2,8 +2,9 @@
 
 `plan_memory(profile, settings)` adds up, per device, what a training step keeps
 alive at its peak: the model states (float32 weights, gradients, optimizer slots,
-the 16-bit weight casts of mixed precision, an accumulator under gradient
-accumulation), the activations one micro-batch keeps for the backward pass (with
+the 16-bit weight casts of mixed precision, under gradient accumulation the
+accumulator carried into a micro-batch and its sum with that micro-batch's
+gradients), the activations one micro-batch keeps for the backward pass (with
 or without recomputation; under a pipeline, every micro-batch in flight on the
 stage), the gradient of the largest activation, alive beside them in the backward
 pass (two, while a recomputed block runs), the input batches buffered by tf.data,
@@ -248,7 +249,7 @@ def stage_breakdown(profile, layers, s, first):
         "gradients (float32)": 4 * int(trainable),
         "optimizer slots": 4 * SLOTS[s.optimizer] * int(trainable),
         "16-bit weight casts": 2 * params if half else 0,
-        "accumulated gradients": 4 * int(trainable) if s.grad_accum_steps > 1 else 0,
+        "accumulated gradients": 8 * int(trainable) if s.grad_accum_steps > 1 else 0,
         "all-reduce buffer": 4 * int(trainable) if s.replicas > 1 else 0,
         "activations": int(scale * (activations + (profile.fixed_activation_bytes
                                                    if first else 0))),
