@@ -43,7 +43,7 @@ from tfaccel.compress import prune
 from tfaccel.compress.pruning_plan import pruning_wrappers, tfmot
 from tfaccel.errors import ConfigError, ModelError, UnsupportedLayerError, first_line
 from tfaccel.keras import clone_with_weights, ensure_tf_keras, is_keras3_object, keras
-from tfaccel.keras.bridge import as_tf_keras, untranslatable_layers
+from tfaccel.keras.bridge import as_tf_keras, untranslatable_parts
 from tfaccel.train.precision import apply_precision, precision_scope
 
 SCHEMES = ("default", "prune_preserve")
@@ -216,10 +216,7 @@ def _tf_keras_for_qat(model):
         one: one line naming its layers, TF-MOT's limit and `QAT_ALTERNATIVES`.
     """
     if is_keras3_object(model):
-        try:
-            bad = untranslatable_layers(model)
-        except UnsupportedLayerError:
-            bad = [(getattr(model, "name", "model"), type(model).__name__, "subclassed")]
+        bad = untranslatable_parts(model)
         if bad:
             listed = "; ".join(f"{name} ({kind}: {why})" for name, kind, why in bad[:3])
             raise UnsupportedLayerError(

@@ -133,6 +133,15 @@ def untranslatable_layers(model):
     return bad
 
 
+def untranslatable_parts(model):
+    """`untranslatable_layers(model)`, a subclassed model counted as one entry (its name, its
+    class, 'subclassed') instead of raised: what a helper refusing such a model lists."""
+    try:
+        return untranslatable_layers(model)
+    except UnsupportedLayerError:
+        return [(getattr(model, "name", "model"), type(model).__name__, "subclassed")]
+
+
 def _sides(model):
     if flavour_of(model) == "keras3":
         return _Side("keras3"), _Side("tf_keras"), translate.TO_TF_KERAS

@@ -110,10 +110,7 @@ def splittable_model(model):
     """
     if not is_keras3_object(model):
         return model
-    try:
-        bad = bridge.untranslatable_layers(model)
-    except UnsupportedLayerError:
-        bad = [(getattr(model, "name", "model"), type(model).__name__, "subclassed")]
+    bad = bridge.untranslatable_parts(model)
     if bad:
         listed = ", ".join(f"{name} ({kind})" for name, kind, _ in bad[:3])
         raise UnsupportedLayerError(
