@@ -48,14 +48,13 @@ from tfaccel import plots, summaries
 from tfaccel.compress import keras3_quantize, magnitude, prunable, tflite_lm
 from tfaccel.compress.lm_variants import DEFAULT_LM_VARIANTS, parse_lm_variants
 from tfaccel.compress.tflite_eval import make_interpreter, tflite_sizes
-from tfaccel.data.text import load_vocabulary, text_dataset
+from tfaccel.data.text import text_dataset
 from tfaccel.errors import ConfigError, ModelError, TfaccelError, first_line
 from tfaccel.io import write_json, write_text
 from tfaccel.keras import copy_model, flavour_of, keras_of, saved_flavour
 from tfaccel.train import generate
 from tfaccel.train.kv_cache import decoder_for, model_inputs
 from tfaccel.train.language_model import compile_language_model, language_model_metrics
-from tfaccel.train.models import load_model_file
 from tfaccel.train.training import make_optimizer
 
 COLUMNS = ("variant", "runtime", "loss", "perplexity", "loss_change", "bytes", "gzip_bytes",
@@ -104,10 +103,7 @@ def load_causal_lm(directory):
         except ImportError as e:
             raise ModelError(f"{model_path} holds a KerasHub model and KerasHub is not "
                              f"installed ({e}): pip install -e '.[hub]'") from None
-    model = load_model_file(model_path)
-    vocab = load_vocabulary(vocab_path)
-    generate.check_vocabulary(model, vocab)
-    return model, vocab
+    return generate.load_language_model(directory)
 
 
 # ---------------------------------------------------------------- building the variants
