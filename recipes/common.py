@@ -113,14 +113,13 @@ def load_model(info):
 def check_keras3_flags():
     """Raises ConfigError for a flag this recipe cannot honour on a Keras 3 model (call before
     the strategy waits for its peers when --keras=keras3, and once a loaded model turns out to
-    be Keras 3): what still needs tf_keras is named with the fix."""
-    needs_tf_keras = [f"--{name}={FLAGS[name].value}" for name, unsupported in (
-        ("parallel", ("model", "pipeline")),  # stages place tf_keras layers
-        # Keras 3's fit fails under it (keras-team/keras#20585, tensorflow#72388)
-        ("strategy", ("multi_worker",))) if FLAGS.get_flag_value(name, None) in unsupported]
-    if needs_tf_keras:
-        raise ConfigError(f"{', '.join(needs_tf_keras)} needs a tf_keras model, and this one is "
-                          "a Keras 3 model: drop the flag, or pass --keras=tf_keras (see "
+    be Keras 3): what still needs tf_keras is named with the fix. --parallel is not refused
+    here: `tfaccel.pipeline_parallel` splits a Keras 3 functional model of standard layers and
+    refuses, in one line naming what works, one it cannot split."""
+    # Keras 3's fit fails under it (keras-team/keras#20585, tensorflow#72388)
+    if FLAGS.get_flag_value("strategy", None) == "multi_worker":
+        raise ConfigError("--strategy=multi_worker needs a tf_keras model, and this one is a "
+                          "Keras 3 model: drop the flag, or pass --keras=tf_keras (see "
                           "docs/keras3.md)")
 
 

@@ -64,6 +64,7 @@ def main(argv):
     from tfaccel import data, distribute, io, monitor, summaries
     from tfaccel.errors import ConfigError
     from tfaccel.keras import flavour_of, keras
+    from tfaccel.keras.bridge import to_flavour
     from tfaccel.performance import accumulate, diagnose, plan, trials
     from tfaccel.train import precision, resume, training
 
@@ -107,7 +108,9 @@ def main(argv):
     flavour = flavour_of(model)  # tf_keras or keras3: --keras, or a model file's own Keras
     if flavour == "keras3" and FLAGS.keras != "keras3":  # a Keras 3 file: not checked above
         common.check_keras3_flags()
-    model = parallel_flags.staged_model(model)  # --parallel: stages on devices (else model)
+    # --parallel: stages on devices (else model); a Keras 3 model is split as its verified
+    # tf_keras translation, or refused in one line before any training.
+    model = parallel_flags.staged_model(model)
     search = None
     if FLAGS.batch_size == "auto":  # measures micro-batches; the global batch is N times that
         with strategy.scope():
@@ -178,7 +181,8 @@ def main(argv):
     # metrics.json is written), logging: the list bench_overhead.py times against a bare fit.
     flops = common.model_flops(unsplit, policy)
     fit_callbacks = common.fit_callbacks(model_dir, logdir, backup_dir, backup_freq, data_epoch,
-                                         flavour=flavour, batch_size=fit_batch, flops=flops)
+                                         flavour=flavour_of(model), batch_size=fit_batch,
+                                         flops=flops)
     throughput, backup = fit_callbacks.throughput, fit_callbacks.backup
     start = time.perf_counter()
     history = model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, shuffle=False,
@@ -187,6 +191,9 @@ def main(argv):
 
     # --- Evaluate, export, report.
     test = training.evaluate(model, test_ds)
+    if flavour_of(unsplit) != flavour:  # --parallel trained a Keras 3 model's tf_keras twin:
+        unsplit = to_flavour(unsplit, flavour)  # exported in the Keras it came in (verified)
+        common.compile_from_flags(unsplit, schedule, policy)  # its loss and metrics, to evaluate
     exports = training.export_model(unsplit, model_dir)
     metrics = {
         "dataset": FLAGS.dataset,

@@ -14,6 +14,7 @@ from conftest import FLAVOURS, RECIPES, ROOT, check_flag_error, run_recipe
 
 from tfaccel import summaries
 from tfaccel.keras import flavour_of
+from tfaccel.parallel.stages import UNSPLITTABLE_ADVICE
 from tfaccel.train.models import load_model_file
 
 
@@ -165,9 +166,6 @@ PARALLEL_UNSUPPORTED = "with --parallel={} is not supported: "
     (["--keras=keras3", "--strategy=multi_worker"], "--strategy=multi_worker needs a tf_keras "
      "model, and this one is a Keras 3 model: drop the flag, or pass --keras=tf_keras (see "
      "docs/keras3.md)"),
-    (["--keras=keras3", "--parallel=pipeline", "--cpu_devices=2"], "--parallel=pipeline needs a "
-     "tf_keras model, and this one is a Keras 3 model: drop the flag, or pass --keras=tf_keras "
-     "(see docs/keras3.md)"),
 ])
 def test_bad_flag_one_line_before_tensorflow_no_files(tmp_path, args, line):
     model_dir = tmp_path / "run"
@@ -266,6 +264,46 @@ def test_a_keras3_model_that_cannot_become_tf_keras_gets_one_line(tmp_path, mode
     ours = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(ours) == 1 and expected in ours[0] and "cannot become a tf_keras" in ours[0], ours
     assert not (tmp_path / "run").exists()
+
+
+PIPELINE_ON_TWO_CPUS = ("--parallel=pipeline", "--micro_batches=2", "--cpu_devices=2")
+
+
+def test_a_keras3_model_the_pipeline_cannot_split_gets_its_one_line(tmp_path):
+    """The recipe lets tfaccel.pipeline_parallel decide on a Keras 3 model: a custom layer is
+    refused in the library's one line (what works instead), exit 2, before any training."""
+    proc = run_recipe("train", "--model_fn=user_models_keras3:with_custom_layer",
+                      "--keras=keras3", *PIPELINE_ON_TWO_CPUS, f"--model_dir={tmp_path / 'run'}",
+                      env=USER_MODELS, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: the pipeline cannot split 'custom' at my_doubler (Doubler): tfaccel's stages "
+        "rebuild standard Keras layers of a functional graph on their devices, not custom or "
+        "subclassed ones; " + UNSPLITTABLE_ADVICE], proc.stderr[-3000:]
+    assert "Epoch 1" not in proc.stdout and not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_pipelines_a_keras3_functional_model_fn_and_exports_it_as_keras3(tmp_path):
+    """--parallel=pipeline on a user's Keras 3 functional model (no --keras flag: its own
+    Keras): trained as its verified tf_keras translation on two logical CPUs, split at the
+    boundary named, and exported as Keras 3 with the trained weights."""
+    model_dir = tmp_path / "run"
+    proc = run_recipe("train", "--model_fn=user_models_keras3:residual_cnn",
+                      *PIPELINE_ON_TWO_CPUS, "--stage_boundaries=flatten", "--epochs=2",
+                      f"--model_dir={model_dir}", env=USER_MODELS, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["keras"] == "keras3" and metrics["parallel"] == "pipeline"
+    stages = metrics["stages"]["stages"]
+    assert [s["device"][-5:] for s in stages] == ["CPU:0", "CPU:1"]
+    assert stages[1]["layers"][0] == "flatten"
+    assert sum(s["parameters"] for s in stages) == metrics["parameters"]
+    assert metrics["test_accuracy"] > 0.8  # chance: 0.1
+    model = load_model_file(str(model_dir / "model.keras"), compile=True)
+    assert flavour_of(model) == "keras3" and model.name == "residual_k3"
+    from tfaccel.data import load_digits
+    _, acc = model.evaluate(load_digits().test.batch(512), verbose=0)
+    assert acc == pytest.approx(metrics["test_accuracy"], abs=1e-6)
 
 
 # Flags each recipe shares through recipes/common.py, by help group; absl's own flags
