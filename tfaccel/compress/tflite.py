@@ -55,44 +55,120 @@ def is_quantization_aware(model):
     return any(isinstance(layer, wrappers) for layer in layers)
 
 
-def representative_dataset(data, num_samples=200):
+def representative_dataset(data, num_samples=200, inputs=None):
     """A converter `representative_dataset` generator of `num_samples` single examples.
 
+    A model of several inputs (KerasHub BERT's token_ids, segment_ids, padding_mask) is fed
+    dicts keyed by its signature's input names, which are its Keras input names: the
+    converter orders a list by its graph's input tensors, not the model's inputs, so a list
+    would calibrate one input's ranges on another's values.
+
+    Example:
+
+        ids = {"token_ids": tokens, "segment_ids": segments, "padding_mask": mask}
+        generator = representative_dataset(ids, 100, inputs=tfaccel.keras.input_specs(
+            model, sequence_length=128))
+
     Args:
-      data: a `tf.data.Dataset` (batched or not) of `x` or `(x, label)`, a
-        NumPy array of examples, or an already-made generator function.
+      data: examples, each array with a leading example axis: a NumPy array (one input); a
+        dict {input name: array}; a tuple/list of arrays, one per input in the model's input
+        order (needs `inputs`: with one input, a list is the examples themselves); a
+        `tf.data.Dataset` (batched or not) of `x` or `(x, label)`, `x` any of these; or an
+        already-made generator function (returned as it is).
       num_samples: how many examples calibrate the activation ranges.
+      inputs: the model's inputs as `tf.TensorSpec`s in its input order (only the names
+        and dtypes are read; `tfaccel.keras.input_specs(model)`): a dict's keys and a tuple's
+        length are checked against them, and each input is cast to its dtype (int token ids
+        stay int). Without them: float32 arrays, a dict's keys as given.
 
     Returns:
-      A function yielding `[x]` with `x` float32 of shape (1, *input_shape).
+      A function yielding per example `[x]` (one input) or `{name: x}` (several), each
+      array of shape (1, *example_shape).
+
+    Raises:
+      ConfigError: a key that is not an input of the model, an input missing, a tuple of the
+        wrong length, or inputs with different numbers of examples (one line: the fix).
+      DataError: no examples.
     """
     if callable(data) and not isinstance(data, tf.data.Dataset):
         return data
     if num_samples < 1:
         raise ConfigError(f"num_samples={num_samples}: calibration needs at least 1 example")
     if isinstance(data, tf.data.Dataset):
-        examples = _first_examples(data, num_samples)
-    else:
-        examples = np.asarray(data, np.float32)[:num_samples]
-    if len(examples) == 0:
+        data = _first_examples(data, num_samples)
+    if data is None:
         raise DataError("representative data is empty: give training examples to calibrate on")
+    columns = _calibration_columns(data, inputs)
+    counts = {name: len(x) for name, x in columns.items()}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name}: {n}" for name, n in counts.items())
+        raise ConfigError(f"calibration inputs hold different numbers of examples ({listed}): "
+                          "give every input the same examples along its first axis")
+    if min(counts.values()) == 0:
+        raise DataError("representative data is empty: give training examples to calibrate on")
+    count = min(num_samples, *counts.values())
 
     def generator():
-        for x in examples:
-            yield [x[np.newaxis].astype(np.float32)]
+        for i in range(count):
+            if None in columns:  # one input: the converter's list form
+                yield [columns[None][i:i + 1]]
+            else:
+                yield {name: x[i:i + 1] for name, x in columns.items()}
 
     return generator
 
 
+def _calibration_columns(data, specs):
+    """{input name: examples array} of `data` checked against `specs` ({None: array} for a
+    one-input model or array data)."""
+    names = [spec.name for spec in specs] if specs else None
+    dtypes = {spec.name: tf.as_dtype(spec.dtype).as_numpy_dtype for spec in specs or ()}
+    if isinstance(data, (tuple, list)) and names and len(names) > 1:
+        if len(data) != len(names):
+            raise ConfigError(f"calibration data has {len(data)} arrays for a model of "
+                              f"{len(names)} inputs ({', '.join(names)}): give one array per "
+                              "input in that order, or a dict keyed by those names")
+        data = dict(zip(names, data))
+    if not isinstance(data, dict):
+        if names and len(names) > 1:
+            raise ConfigError(f"calibration data is one array for a model of {len(names)} "
+                              f"inputs ({', '.join(names)}): give a dict keyed by those names, "
+                              "or a tuple of one array per input in that order")
+        return {None: np.asarray(data, dtypes[names[0]] if names else np.float32)}
+    if names:
+        unknown = [key for key in data if key not in names]
+        if unknown:
+            raise ConfigError(f"calibration input {unknown[0]!r} is not an input of the model "
+                              f"(its inputs: {', '.join(names)}): key the arrays by those names")
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise ConfigError(f"calibration data has no {missing[0]!r}, an input of the model: "
+                              f"give an array for each of {', '.join(names)}")
+        if len(names) == 1:
+            return {None: np.asarray(data[names[0]], dtypes[names[0]])}
+        return {name: np.asarray(data[name], dtypes[name]) for name in names}
+    return {name: _as_input_array(x) for name, x in data.items()}
+
+
+def _as_input_array(x):
+    """`x` as float32, or int32 when integer (token ids): the usual Keras input dtypes."""
+    x = np.asarray(x)
+    return x.astype(np.int32 if np.issubdtype(x.dtype, np.integer) else np.float32)
+
+
 def _first_examples(dataset, num_samples):
+    """The first `num_samples` examples' `x` (an array, dict or tuple of arrays), stacked;
+    None when the dataset is empty."""
     spec = dataset.element_spec
     if isinstance(spec, tuple):
         dataset = dataset.map(lambda x, *_: x)
         spec = spec[0]
-    if is_batched(spec):
+    if is_batched(tf.nest.flatten(spec)[0]):
         dataset = dataset.unbatch()
     examples = list(dataset.take(num_samples).as_numpy_iterator())
-    return np.stack(examples) if examples else np.zeros((0,), np.float32)
+    if not examples:
+        return None
+    return tf.nest.map_structure(lambda *xs: np.stack(xs), *examples)
 
 
 def is_batched(spec):
@@ -131,17 +207,23 @@ def _base_converter(model, sequence_length):
         yield tf.lite.TFLiteConverter.from_keras_model(model)
 
 
-def _configure(converter, model, mode, representative_data, num_calibration_samples,
-               optimize_sparsity):
+def _signature_specs(model):
+    """Specs of `model`'s inputs naming the converted file's signature inputs (names and
+    dtypes only: a variable length need not be fixed for them), or None (no inputs yet)."""
+    inputs = getattr(model, "inputs", None)
+    return [tf.TensorSpec(None, tf.as_dtype(t.dtype), name=t.name)
+            for t in inputs] if inputs else None
+
+
+def _configure(converter, model, mode, calibration, optimize_sparsity):
     optimizations = []
     if mode != "float":
         optimizations.append(tf.lite.Optimize.DEFAULT)
     if optimize_sparsity:
         optimizations.append(tf.lite.Optimize.EXPERIMENTAL_SPARSITY)
     converter.optimizations = optimizations
-    if representative_data is not None and mode in _NEEDS_DATA:
-        converter.representative_dataset = representative_dataset(
-            representative_data, num_calibration_samples)
+    if calibration is not None:
+        converter.representative_dataset = calibration
     if mode == "int8":
         # A QAT graph is integer already; asking for INT8-only ops on it trips the
         # converter's "representative_dataset must be specified" check (TF 2.21).
@@ -176,8 +258,9 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
         a Keras 3 one (any layers: converted from itself, see the module's doc).
       path: where the `.tflite` file goes.
       mode: one of `MODES`.
-      representative_data: calibration examples for `int8`/`int16x8` (see
-        `representative_dataset` for the accepted forms), e.g. `splits.train`.
+      representative_data: calibration examples for `int8`/`int16x8`, e.g. `splits.train`;
+        a model of several inputs takes a dict {input name: array} or a tuple of arrays in
+        its input order (see `representative_dataset` for every form accepted).
       num_calibration_samples: how many examples calibrate.
       optimize_sparsity: store pruned (mostly zero) weights sparsely.
       sequence_length: the length a Keras 3 model's variable-length inputs (token ids)
@@ -187,7 +270,8 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
       `path`.
 
     Raises:
-      ConfigError: unknown `mode`, or calibration data missing.
+      ConfigError: unknown `mode`, calibration data missing, or not matching the model's
+        inputs (checked before the conversion starts).
       ModelError: the converter rejects the model.
     """
     if mode not in MODES:
@@ -197,10 +281,13 @@ def convert_to_tflite(model, path, mode="float", representative_data=None,
                           "(e.g. the training split), or quantize-aware train the model first")
     if is_keras3_object(model):
         input_specs(model, None, sequence_length)  # a variable length fails before any work
+    calibration = representative_dataset(  # checked against the inputs before any work
+        representative_data, num_calibration_samples, _signature_specs(model)) if (
+        representative_data is not None and mode in _NEEDS_DATA) else None
+    if is_keras3_object(model):
         model = apply_precision(model, "float32")
     with _base_converter(model, sequence_length) as converter:
-        _configure(converter, model, mode, representative_data, num_calibration_samples,
-                   optimize_sparsity)
+        _configure(converter, model, mode, calibration, optimize_sparsity)
         return write_converted(converter, path, f"{model.name!r} in mode {mode!r}",
                                "try mode='float' or 'dynamic', or replace the unsupported op")
 
