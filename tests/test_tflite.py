@@ -248,3 +248,24 @@ def test_calibration_that_does_not_match_the_inputs_is_refused_in_one_line(tmp_p
                                  representative_data=_MISMATCHED[case](_two_inputs()))
     assert str(raised.value) == line
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_kerashub_bert_calibrates_full_int8_on_its_three_named_inputs(tmp_path):
+    """KerasHub BERT (2 layers, random init, built from a config) to full int8, calibrated on
+    a dict of token_ids, segment_ids and padding_mask: logits within 15% of the largest |logit|
+    of Keras's (the own-model matrix's int8 tolerance)."""
+    from hub_models import gpt2_and_bert
+
+    _, bert = gpt2_and_bert(layers=2, max_length=16)
+    rng = np.random.default_rng(0)
+    data = {"token_ids": rng.integers(1, 100, (40, 16)).astype(np.int32),
+            "segment_ids": (np.arange(16) >= 8).astype(np.int32)[None].repeat(40, 0),
+            "padding_mask": (np.arange(16) < rng.integers(8, 17, (40, 1))).astype(np.int32)}
+    path = tflite.convert_to_tflite(bert, str(tmp_path / "bert.tflite"), mode="int8",
+                                    representative_data=data, sequence_length=16)
+    test = {name: x[:6] for name, x in data.items()}
+    expected = np.asarray(bert(test, training=False))
+    predicted = _signature_predictions(path, test)
+    assert predicted.shape == expected.shape == (6, 2)
+    assert np.abs(predicted - expected).max() <= 0.15 * np.abs(expected).max()

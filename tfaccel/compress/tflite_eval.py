@@ -58,10 +58,11 @@ def make_interpreter(model, num_threads=None):
 
 
 def _to_input(x, detail):
-    """Quantizes float examples with the input's scale and zero point when it is integer."""
+    """Quantizes float examples with the input's scale and zero point when it is quantized
+    (an integer input without a scale, such as token ids, is fed as it is)."""
     dtype = detail["dtype"]
-    if np.issubdtype(dtype, np.integer):
-        scale, zero_point = detail["quantization"]
+    scale, zero_point = detail["quantization"]
+    if np.issubdtype(dtype, np.integer) and scale:
         info = np.iinfo(dtype)
         x = np.clip(np.round(x / scale + zero_point), info.min, info.max)
     return x.astype(dtype)
