@@ -152,12 +152,12 @@ def test_a_kerashub_causal_lm_converts_at_a_chosen_length(tmp_path):
     np.testing.assert_allclose(logits, np.asarray(model(feeds)), atol=1e-4)
 
 
-def _two_input_keras3_model():
+def _two_input_model(flavour="keras3"):
     """Inputs of very different ranges ('small' in [0, 1), 'large' in [-40, 40)): each must be
     calibrated on its own values."""
-    from tfaccel.keras import keras3
+    from conftest import keras_of_flavour
 
-    k3 = keras3()
+    k3 = keras_of_flavour(flavour)
     k3.utils.set_random_seed(0)
     small, large = k3.Input((6,), name="small"), k3.Input((6,), name="large")
     h = k3.layers.Concatenate()([k3.layers.Dense(8, activation="relu")(small),
@@ -184,12 +184,14 @@ def _signature_predictions(path, feeds):
     return np.concatenate(rows)
 
 
-@pytest.mark.parametrize("form", ["dict", "tuple"])
-def test_a_two_input_keras3_model_calibrates_on_named_inputs_and_matches_keras(tmp_path, form):
+@pytest.mark.parametrize("flavour, form", [("keras3", "dict"), ("keras3", "tuple"),
+                                           ("tf_keras", "dict")])
+def test_a_two_input_model_calibrates_on_named_inputs_and_matches_keras(tmp_path, flavour,
+                                                                        form):
     """Full int8 calibrated from a dict {input name: examples} (or a tuple in the model's input
     order): the file runs and its outputs are within 3% of the largest |output| of Keras's
-    (measured 0.9%: 0.29 of 31.7)."""
-    model, data = _two_input_keras3_model(), _two_inputs()
+    (measured on Keras 3: 0.9%, 0.29 of 31.7)."""
+    model, data = _two_input_model(flavour), _two_inputs()
     calibration = data if form == "dict" else (data["small"], data["large"])
     path = tflite.convert_to_tflite(model, str(tmp_path / "two.tflite"), mode="int8",
                                     representative_data=calibration)
@@ -219,7 +221,7 @@ def test_calibration_examples_are_dicts_keyed_by_the_signature_names():
     assert len(single) == 2 and single[0][0].shape == (1, 4)  # one input: the list form
 
 
-_MISMATCHED = {  # calibration data for _two_input_keras3_model that does not fit it
+_MISMATCHED = {  # calibration data for _two_input_model that does not fit it
     "misspelt": lambda d: {"small": d["small"], "larg": d["large"]},
     "missing": lambda d: {"small": d["small"]},
     "three": lambda d: (d["small"],) * 3,
@@ -243,7 +245,7 @@ _MISMATCHED = {  # calibration data for _two_input_keras3_model that does not fi
 def test_calibration_that_does_not_match_the_inputs_is_refused_in_one_line(tmp_path, case,
                                                                            line):
     with pytest.raises(ConfigError) as raised:
-        tflite.convert_to_tflite(_two_input_keras3_model(), str(tmp_path / "m.tflite"),
+        tflite.convert_to_tflite(_two_input_model(), str(tmp_path / "m.tflite"),
                                  mode="int8",
                                  representative_data=_MISMATCHED[case](_two_inputs()))
     assert str(raised.value) == line

@@ -269,6 +269,7 @@ def test_a_keras3_model_that_cannot_become_tf_keras_gets_one_line(tmp_path, mode
 PIPELINE_ON_TWO_CPUS = ("--parallel=pipeline", "--micro_batches=2", "--cpu_devices=2")
 
 
+@pytest.mark.slow  # 21-31 s under load 8: TensorFlow, Keras 3 and the model load first
 def test_a_keras3_model_the_pipeline_cannot_split_gets_its_one_line(tmp_path):
     """The recipe lets tfaccel.pipeline_parallel decide on a Keras 3 model: a custom layer is
     refused in the library's one line (what works instead), exit 2, before any training."""
