@@ -194,6 +194,7 @@ def main(argv):
     if flavour_of(unsplit) != flavour:  # --parallel trained a Keras 3 model's tf_keras twin:
         unsplit = to_flavour(unsplit, flavour)  # exported in the Keras it came in (verified)
         common.compile_from_flags(unsplit, schedule, policy)  # its loss and metrics, to evaluate
+        unsplit.optimizer.build(unsplit.trainable_variables)  # fresh state, saved whole
     exports = training.export_model(unsplit, model_dir)
     metrics = {
         "dataset": FLAGS.dataset,
