@@ -1,6 +1,7 @@
 """tfaccel.keras.bridge: Keras 3 <-> tf_keras, verified; Keras 3 models through TF-MOT (pruning,
 QAT, int8 TFLite); TF-MOT's TF_USE_LEGACY_KERAS side effect contained."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ from conftest import digits_arrays
 import tfaccel
 from tfaccel import errors
 from tfaccel.compress import prune, quantize, sparsity, tflite, tflite_eval
-from tfaccel.keras import bridge, flavour_of, keras
+from tfaccel.keras import bridge, flavour_of, keras, translate
 from tfaccel.train import training
 
 L3 = keras3.layers
@@ -199,6 +200,56 @@ def test_outputs_that_differ_are_refused(monkeypatch):
     monkeypatch.setattr(bridge, "_copy_weights", lambda source, target: None)  # fresh weights
     with pytest.raises(errors.ModelError, match="refuses a different model"):
         bridge.to_tf_keras(model3)
+
+
+def ill_conditioned_model():
+    """Two BatchNorm channels 3e-7 apart, subtracted and scaled by 1e4: the last float32 bit
+    of either Kerases' BatchNorm kernel moves the output by a third (Keras 3 EfficientNetB0
+    on random inputs does so over 80 layers: 0.25 of its largest logit, 0 in float64)."""
+    inputs = keras3.Input((4, 4, 2))
+    norm = L3.BatchNormalization(name="norm")
+    cancel = L3.Conv2D(1, 1, use_bias=False, name="cancel")
+    model = keras3.Model(inputs, cancel(norm(inputs)))
+    norm.set_weights([np.float32([1.0, 1.0 + 3e-7]), np.float32([0.0, 0.0]),
+                      np.float32([0.1, 0.1]), np.float32([0.3, 0.3])])
+    cancel.set_weights([np.float32([1e4, -1e4]).reshape(1, 1, 2, 1)])
+    sample = np.repeat(np.random.default_rng(0).standard_normal((8, 4, 4, 1)), 2, axis=-1)
+    return model, sample.astype(np.float32)
+
+
+def test_float32_rounding_an_ill_conditioned_model_amplifies_is_no_refusal():
+    model3, sample = ill_conditioned_model()
+    model2 = bridge.to_tf_keras(model3, sample=sample)
+    apart = bridge.max_difference(model3, model2, sample)
+    largest = float(np.max(np.abs(model3(sample))))
+    assert apart > 0.1 * largest  # in float32; the same model computing in float64 agrees
+    assert flavour_of(model2) == "tf_keras"
+    assert_same_weights(model3, model2)
+
+
+def test_a_translation_that_computes_another_layer_is_refused_naming_it(monkeypatch):
+    model3, sample = ill_conditioned_model()
+    wrong = dataclasses.replace(translate.TO_TF_KERAS, values={
+        ("BatchNormalization", "epsilon"): lambda epsilon: 10 * epsilon})
+    monkeypatch.setattr(translate, "TO_TF_KERAS", wrong)
+    with pytest.raises(errors.ModelError) as info:
+        bridge.to_tf_keras(model3, sample=sample)
+    message = str(info.value)
+    assert "\n" not in message and "refuses a different model" in message
+    assert "in float64 too, first from layer 'norm' (BatchNormalization)" in message
+
+
+def test_in_float64_rewrites_both_kerases_dtypes_and_refuses_reduced_precision():
+    policy = {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "float32"}}
+    config = {"layers": [{"config": {"dtype": policy, "units": 2}},
+                         {"config": {"dtype": "float32", "inner": {"dtype": "int32"}}}]}
+    rewritten = translate.in_float64(config)
+    assert rewritten["layers"][0]["config"]["dtype"]["config"] == {"name": "float64"}
+    assert rewritten["layers"][1]["config"] == {"dtype": "float64", "inner": {"dtype": "int32"}}
+    assert policy["config"]["name"] == "float32"  # the model's own config is left as it was
+    mixed = {"class_name": "Policy", "config": {"name": "mixed_bfloat16"}}
+    with pytest.raises(translate.Untranslatable, match="mixed_bfloat16"):
+        translate.in_float64({"layers": [{"config": {"dtype": mixed}}]})
 
 
 def test_wrong_direction_and_stripped_first():

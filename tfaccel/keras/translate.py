@@ -263,3 +263,38 @@ def model_config(config, direction):
                 and isinstance(ends[0], list):
             out[key] = ends[0]
     return out
+
+
+_REDUCED_PRECISION = ("float16", "bfloat16")
+
+
+def in_float64(config):
+    """`config` (a layer's or a model's, of either Keras) with every float32 dtype float64.
+
+    The bridge rebuilds a model and its translation this way when their float32
+    outputs disagree: a deep net can amplify float32 rounding (the order of a
+    sum) into a different prediction, while float64 rounding stays far below
+    any translation error.
+
+    Raises:
+      Untranslatable: a layer computes in float16/bfloat16 (its rounding is the model's).
+    """
+    if isinstance(config, list):
+        return [in_float64(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    out = {}
+    for key, value in config.items():
+        name = dtype_name(value) if key == "dtype" and isinstance(value, dict) \
+            and value.get("class_name") in _POLICIES else value
+        if key == "dtype" and isinstance(name, str) and name.endswith(_REDUCED_PRECISION):
+            raise Untranslatable(f"dtype {name}: the model computes in reduced precision")
+        if key == "dtype" and name == "float32":
+            out[key] = _with_name(value, "float64") if isinstance(value, dict) else "float64"
+        else:
+            out[key] = in_float64(value)
+    return out
+
+
+def _with_name(policy, name):
+    return {**policy, "config": {**policy["config"], "name": name}}
