@@ -133,7 +133,8 @@ def _check_brought_model(model="gpt", model_fn=None, recompute=False, tie_embedd
          if not model_fn else "your function decides its embedding"),
         ("plan", plan and bool(model_fn), "the plan reads the decoder's sizes from the GPT "
          "flags, which do not describe your model"),
-        ("parallel", parallel != "none", "the stages place tf_keras layers"),
+        ("parallel", parallel != "none", "train_lm's stages split tfaccel's GPT blocks; "
+         "--strategy=mirrored with --grad_accum_steps trains it on several devices"),
         ("strategy", strategy == "multi_worker", "Keras 3.15's fit fails under it "
          "(keras-team/keras#20585)")) if given]
     if refused:

@@ -130,8 +130,9 @@ def _binary(tmp_path):
      "Keras 3 model (the plan reads the decoder's sizes from the GPT flags, which do not "
      "describe your model): drop --plan, or train tfaccel's GPT (--model=gpt)"),
     (("--model=gpt2", "--parallel=pipeline", "--stage_boundaries=block_1_ln_1"),
-     "--parallel cannot train --model=gpt2, a Keras 3 model (the stages place tf_keras "
-     "layers): drop --parallel, or train tfaccel's GPT (--model=gpt)"),
+     "--parallel cannot train --model=gpt2, a Keras 3 model (train_lm's stages split "
+     "tfaccel's GPT blocks; --strategy=mirrored with --grad_accum_steps trains it on several "
+     "devices): drop --parallel, or train tfaccel's GPT (--model=gpt)"),
 ])
 def test_bad_flag_one_line_before_tensorflow(tmp_path, args, line):
     check_flag_error("train_lm", f"--model_dir={tmp_path / 'run'}", *args, line=line)
