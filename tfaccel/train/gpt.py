@@ -139,7 +139,8 @@ def build_gpt(config, recompute=False, name="gpt"):
     """A GPT language model of `config`: int32 tokens `[batch, T<=context]` -> float32 logits.
 
     Build it after setting the precision policy (the blocks compute under the global
-    policy, the logits layer and the parts `gpt_layers` names in float32) and inside the strategy's scope.
+    policy, the logits layer and the parts `gpt_layers` names in float32) and inside the
+    strategy's scope.
 
     Args:
       config: a `GPTConfig` (see `gpt_config`).

@@ -17,17 +17,17 @@ embeddings and each residual branch (GPT-2's embedding and residual dropout) and
 attention probabilities.
 
 Under a mixed policy the matrix products (and the attention's scores and softmax) compute
-in bfloat16/float16 and the residual stream and the LayerNorms in float32: the stream's
-sums (`PositionEmbedding`'s and every `ResidualAdd`) and the LayerNorms' statistics and
-normalization from that float32 stream (`Float32LayerNorm`). The layers keep the model's policy (so `apply_precision`
-and `with_recompute` see one policy) and compute in float32 by themselves. On the trained
-tiny GPT in bfloat16 this brings the logits closer to the float32 model's (mean |difference|
-0.0091 against tf_keras's layers' 0.0110) and its gradients (1.5% against 1.8%), for a few
-casts of `[batch, T, d]` tensors and no more memory kept for the backward pass (the
-LayerNorm's gradient read a float32 copy of its input before too). Float32 attention
-scores (tried: 0.0079 and 1.3%) kept float32 probabilities for the backward pass, a
-quarter more activation memory per block at context 32 and more at longer contexts
-(docs/language-models.md).
+in bfloat16/float16 and the residual stream in float32: its sums (`PositionEmbedding`'s
+and every `ResidualAdd`) and the LayerNorms' statistics from it (`Float32LayerNorm`,
+whose output is rounded once for the products). The layers keep the model's policy (so
+`apply_precision` and `with_recompute` see one policy) and compute in float32 by
+themselves. On the trained tiny GPT in bfloat16 the logits are closer to the float32
+model's (mean |difference| 0.0093 against tf_keras's layers' 0.0110) and so are the
+gradients (1.55% against 1.81%), for a few casts of `[batch, T, d]` tensors and the same
+memory kept for the backward pass (the LayerNorms read a float32 copy of their input
+before too). Float32 attention scores (tried: 0.0079 and 1.27%) kept float32
+probabilities for the backward pass: about a fifth more activation memory per block at
+context 32, more at longer contexts (docs/language-models.md).
 """
 
 import math
@@ -121,7 +121,7 @@ class ResidualAdd(keras.layers.Add):
         kwargs.pop("autocast", None)
         super().__init__(autocast=False, **kwargs)
 
-    def _merge_function(self, inputs):
+    def call(self, inputs):
         return tf.add_n([tf.cast(x, tf.float32) for x in inputs])
 
 
