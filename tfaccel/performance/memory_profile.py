@@ -338,7 +338,10 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     per token for Megatron). Recomputed, a block keeps its input (``s h`` values). A
     block's backward transient is the gradient of its largest tensor (``max(a s^2, 4 s
     h)``). After the blocks: the loss's float32 gradient of the logits (``s V``) and the
-    final LayerNorm's tensors (``8 s h`` bytes in float32, ``12 s h`` in 16-bit).
+    final LayerNorm's tensors (``8 s h`` bytes: the GPT's residual stream is float32 in
+    16-bit too, so the LayerNorms read it without a copy; a LayerNorm's input is counted
+    with the block or the embeddings that make it, the first one's, ``4 s h``, with the
+    embeddings).
 
     An `encoder` (BERT-style: attention over the whole sequence, which keeps the same
     tensors) has no language-model head: the first token is pooled (a ``h x h`` Dense)
@@ -365,13 +368,12 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     largest = width * max(a * s * s, 4 * s * h)
     blocks = [LayerMemory(f"block_{i}", per_block, block_bytes, largest, boundary)
               for i in range(layers)]
-    embed = LayerMemory("embeddings", vocab_size * h + (context or s) * h, boundary, boundary,
+    embed = LayerMemory("embeddings", vocab_size * h + (context or s) * h, 4 * s * h, boundary,
                         boundary)
     head = 2 * h + (0 if tied else v * h)  # the final LayerNorm, the output projection
-    # the loss's float32 gradient of the logits; the final LayerNorm's tensors (float32: its
-    # normalized input and output; 16-bit: also its input's float32 copy, and the logits
-    # layer's float32 cast of its output)
-    head_bytes = 4 * s * v + (12 if half else 8) * s * h
+    # the loss's float32 gradient of the logits; the final LayerNorm's tensors (its
+    # normalized input and output, in 16-bit the logits layer's float32 cast of it)
+    head_bytes = 4 * s * v + 8 * s * h
     logits = LayerMemory("logits", head, head_bytes, 4 * s * v, 4 * s * v)
     method = "closed form (Transformer formulas, nothing built)"
     if encoder:

@@ -6,9 +6,13 @@ learned position embeddings, `layers` pre-LayerNorm blocks (LayerNorm, causal
 `MultiHeadAttention`, residual add; LayerNorm, `Dense(4 d, gelu)`, `Dense(d)`, residual
 add), a final LayerNorm and the logits. Everything but the position embedding (and, with
 `tie_embeddings`, the token embedding that also computes the logits as `h @ E^T`) is a
-standard tf_keras layer, so precision policies, pruning and quantization apply to it. The
-layer that makes the logits is float32, so under a mixed policy the blocks compute in
-bfloat16/float16 while the logits and the softmax of the loss stay float32.
+standard tf_keras layer or a subclass of one (`gpt_layers`: the LayerNorms and the
+residual adds compute in float32 where a mixed policy would round), so precision
+policies, pruning and quantization apply to it. The
+layer that makes the logits is float32, so under a mixed policy the blocks' matrix
+products compute in bfloat16/float16 while the logits and the softmax of the loss stay
+float32, and so do the residual stream and the LayerNorms (`gpt_layers`: layers that
+keep the model's policy and compute in float32).
 
 With `recompute=True` each block is one `RecomputeBlock` layer holding the same sublayers
 (same names, same weight order) whose forward runs under `tf.recompute_grad`: the backward
@@ -45,8 +49,11 @@ from tfaccel.errors import ModelError
 from tfaccel.keras import keras
 from tfaccel.train.gpt_layers import (
     LN_EPSILON,
+    Float32LayerNorm,
     PositionEmbedding,
     RecomputeBlock,
+    ResidualAdd,
+    StreamDropout,
     TiedEmbedding,
     block_forward,
     block_layers,
@@ -57,7 +64,7 @@ from tfaccel.train.gpt_layers import (
 
 __all__ = ["GPT_SIZES", "GPTConfig", "gpt_config", "build_gpt", "gpt_config_of",
            "with_recompute", "check_sequence_length", "PositionEmbedding", "TiedEmbedding",
-           "RecomputeBlock"]
+           "RecomputeBlock", "ResidualAdd", "StreamDropout", "Float32LayerNorm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +139,8 @@ def build_gpt(config, recompute=False, name="gpt"):
     """A GPT language model of `config`: int32 tokens `[batch, T<=context]` -> float32 logits.
 
     Build it after setting the precision policy (the blocks compute under the global
-    policy, the logits layer in float32) and inside the strategy's scope.
+    policy, the logits layer and the parts `gpt_layers` names in float32) and inside the
+    strategy's scope.
 
     Args:
       config: a `GPTConfig` (see `gpt_config`).
@@ -164,7 +172,7 @@ def _build(config, recompute, name, dtype):
     x = PositionEmbedding(config.context, initializer=normal(std), name="position_embedding",
                           **kw)(embedding(tokens))
     if config.dropout:
-        x = keras.layers.Dropout(config.dropout, name="embedding_dropout", **kw)(x)
+        x = StreamDropout(config.dropout, name="embedding_dropout", **kw)(x)
     residual_stddev = std / math.sqrt(2 * config.layers)
     for i in range(config.layers):
         if recompute:
@@ -173,7 +181,7 @@ def _build(config, recompute, name, dtype):
         else:
             x = block_forward(block_layers(f"block_{i}", d, config.heads, config.mlp_ratio,
                                            config.dropout, residual_stddev, dtype), x)
-    x = keras.layers.LayerNormalization(epsilon=LN_EPSILON, name="final_ln", **kw)(x)
+    x = Float32LayerNorm(epsilon=LN_EPSILON, name="final_ln", **kw)(x)
     if config.tie_embeddings:
         logits = embedding(x, reverse=True)
     else:

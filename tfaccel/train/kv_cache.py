@@ -224,8 +224,7 @@ class GPTDecoder:
         keys_values, weights = cache
         x = model.get_layer("token_embedding")(tf.reshape(token, [1, 1]))
         positions = model.get_layer("position_embedding")
-        dtype = positions.compute_dtype
-        x = tf.cast(x, dtype) + tf.cast(positions.embeddings[position], dtype)[None, None]
+        x = _f32(x) + _f32(positions.embeddings[position])[None, None]  # the float32 stream
         masked = (1.0 - tf.cast(tf.range(self.context) <= position, self.dtype)) * \
             _large_negative(self.dtype)
         at = tf.stack([tf.range(self.heads), tf.fill([self.heads], position)], axis=1)
