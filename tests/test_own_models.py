@@ -2,7 +2,9 @@
 
 Rows: tf_keras and Keras 3 `keras.applications` MobileNetV2 (alpha 0.35, 96x96), ResNet50
 and EfficientNetB0 (64x64), a KerasHub GPT2 causal LM (2 layers, 4 heads, hidden 128) and
-a KerasHub BERT classifier (2 layers), all random init (weights=None, configs only).
+a KerasHub BERT classifier (2 layers), none from downloaded weights (weights=None, configs
+only): the image models briefly trained on images whose class is their colour (see
+`trained`: a random-init deep image model is too chaotic for any quantized file to match it).
 Columns: bf16 training steps, pruning to 50%, QAT to int8 TFLite, PTQ dynamic and int8
 TFLite (the file run, logits against Keras), Keras 3 int8/int4, the memory plan, the
 pipeline. A cell either works (its values asserted) or is in `REFUSED` with whose limit it
@@ -29,6 +31,8 @@ MODELS = [f"{flavour}_{name}" for name in IMAGES for flavour in ("tf_keras", "ke
 TECHNIQUES = ("bf16", "prune", "qat", "tflite_dynamic", "tflite_int8", "keras3_int8",
               "keras3_int4", "plan", "pipeline")
 VOCABULARY, LENGTH, CLASSES, BATCH = 100, 16, 10, 4
+TRAINING_STEPS, TRAINING_BATCH = 30, 16
+"""The image rows' training before any cell (see `trained`)."""
 TOLERANCE = {"tflite_dynamic": 0.05, "tflite_int8": 0.15, "qat": 0.15, "keras3_int8": 0.05,
              "keras3_int4": 0.35}
 """Largest |TFLite or quantized - Keras| of the outputs, as a share of the largest |Keras|."""
@@ -48,24 +52,16 @@ REFUSED = {
     **{("keras3_efficientnet_b0", t): _BRIDGE_REFUSED for t in ("qat", "pipeline")},
 }
 """(model, technique): (whose limit, as the message says it; what works, as it names it)."""
-_CHAOTIC = ("a random-init deep image model is chaotic: 1% noise on its weights moves its "
-            "logits by 1.3x the largest one (tf_keras MobileNetV2, measured), so int8 weights "
-            "miss the tolerance (dynamic 0.14-0.48, int8 0.22-1.1, QAT 0.40-0.67 of the largest "
-            "|logit|) "
-            "while the float file matches within 2.5e-5; the test needs trained weights here",
-            AssertionError)
+_STILL_CHAOTIC = ("after 30 training steps (see `trained`) this model still misses: measured "
+                  "tf_keras MobileNetV2 QAT 0.33; Keras 3 MobileNetV2 QAT 0.38, dynamic 0.068, "
+                  "int8 0.41; tf_keras EfficientNetB0 dynamic 0.055, int8 0.21 of the largest "
+                  "|logit| (Keras 3 EfficientNetB0: before training 0.23 and 1.07, not "
+                  "re-measured); more training steps are the next thing to measure", AssertionError)
 OPEN = {
-    **{(f"keras3_{name}", "qat"): _CHAOTIC for name in ("mobilenet_v2", "resnet50")},
-    **{(f"{flavour}_resnet50", t): _CHAOTIC for flavour in ("tf_keras", "keras3")
+    **{(f"{flavour}_mobilenet_v2", "qat"): _STILL_CHAOTIC for flavour in ("tf_keras", "keras3")},
+    **{(f"{flavour}_efficientnet_b0", t): _STILL_CHAOTIC for flavour in ("tf_keras", "keras3")
        for t in ("tflite_dynamic", "tflite_int8")},
-    ("tf_keras_resnet50", "qat"): _CHAOTIC,
-    **{(f"{flavour}_mobilenet_v2", technique): _CHAOTIC for flavour in ("tf_keras", "keras3")
-       for technique in ("tflite_dynamic", "tflite_int8")},
-    ("tf_keras_mobilenet_v2", "qat"): _CHAOTIC,
-    ("keras3_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
-    ("tf_keras_efficientnet_b0", "tflite_dynamic"): _CHAOTIC,
-    ("tf_keras_efficientnet_b0", "tflite_int8"): _CHAOTIC,
-    ("keras3_efficientnet_b0", "tflite_int8"): _CHAOTIC,
+    **{("keras3_mobilenet_v2", t): _STILL_CHAOTIC for t in ("tflite_dynamic", "tflite_int8")},
 }
 """Cells that neither work nor refuse per item 8 yet, as measured (strict: a fix fails them)."""
 FAST = {(m, t) for m in HUB for t in ("qat", "pipeline")}
@@ -84,7 +80,8 @@ def _hub(name):
 
 
 def build(name):
-    """A new model of the row `name`, random init (seeded: the same weights each run)."""
+    """A new model of the row `name` (seeded: the same weights each run): KerasHub rows
+    random init from their configs, image rows briefly trained (`trained`)."""
     keras3().utils.set_random_seed(0)
     if name in HUB:
         return _hub(name)
@@ -92,13 +89,33 @@ def build(name):
     module = keras if name.startswith("tf_keras") else keras3()
     model = getattr(module.applications, cls)(input_shape=shape, weights=None, classes=CLASSES,
                                               classifier_activation=None, **extra)
-    return with_batch_statistics(model, data(name, 8)[0])
+    return trained(model, name)
+
+
+def trained(model, name):
+    """`model` after TRAINING_STEPS Adam steps on the row's images (`data`), its BatchNorms'
+    moving statistics then set from a batch of them (`with_batch_statistics`).
+
+    A model one quantizes is a trained one; a random-init deep image model is chaotic: int8
+    rounding of its weights alone, in Keras, moves tf_keras MobileNetV2's logits by 0.27 of the
+    largest, the error growing ~1.1x per BatchNorm layer from 0.7% at the first (statistics
+    from 8 or 256 examples alike), so its quantized files missed every tolerance (dynamic
+    0.14-0.48, int8 0.22-1.1, QAT 0.40-0.67 of the largest |logit|) however faithful the
+    conversion. After 100 such steps its dynamic-range file is within 0.011, int8 0.070,
+    QAT 0.12; ResNet50's Keras int8-weight error falls from 0.52 to 0.005 after 30 steps."""
+    x, y = data(name, TRAINING_STEPS * TRAINING_BATCH, seed=1)
+    k = keras_of(model)
+    model.compile(optimizer=k.optimizers.Adam(1e-3),
+                  loss=k.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=TRAINING_BATCH, epochs=1, verbose=0)
+    return with_batch_statistics(model, data(name, 64, seed=2)[0])
 
 
 def with_batch_statistics(model, x):
-    """`model` with its BatchNorms' moving statistics set to those of `x`. A random-init
-    application's inference-mode BatchNorms (mean 0, variance 1) shrink its activations layer
-    after layer to ~1e-11: every output would be the same, and every comparison empty."""
+    """`model` with its BatchNorms' moving statistics set to those of `x`: after a few steps
+    they still hold much of their initial mean 0 and variance 1 (momentum 0.99), and a
+    random-init application's inference-mode BatchNorms with those shrink its activations
+    layer after layer to ~1e-11 (every output the same, every comparison empty)."""
     norms = [layer for layer in model._flatten_layers()
              if type(layer).__name__ == "BatchNormalization"]
     momenta = [layer.momentum for layer in norms]
@@ -122,7 +139,8 @@ def built(name):
 
 
 def data(name, count=BATCH, seed=0):
-    """(inputs, labels) for the row's model: images in [0, 1), or token ids."""
+    """(inputs, labels) for the row's model: token ids, or images in [0, 1) whose class is
+    their colour (0.7 of a class's colour plus 0.3 of uniform noise: learnt in a few steps)."""
     rng = np.random.default_rng(seed)
     if name in HUB:
         x = {"token_ids": rng.integers(0, VOCABULARY, (count, LENGTH)).astype("int32"),
@@ -132,7 +150,18 @@ def data(name, count=BATCH, seed=0):
             return x, rng.integers(0, 2, (count,))
         return x, np.roll(x["token_ids"], -1, axis=1)
     shape = IMAGES[_image(name)][0]
-    return rng.random((count, *shape), dtype=np.float32), rng.integers(0, CLASSES, (count,))
+    labels = rng.integers(0, CLASSES, (count,))
+    colours = np.random.default_rng(CLASSES).random((CLASSES, 3), dtype=np.float32)
+    noise = rng.random((count, *shape), dtype=np.float32)
+    return 0.7 * colours[labels][:, None, None, :] + 0.3 * noise, labels
+
+
+def _copy(model):
+    """A new model of `model`'s class and weights, for a cell that changes the model it is given
+    (the cached one is shared with the later cells)."""
+    copy = keras_of(model).models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
 
 
 def _compile(model, learning_rate=0.01):
@@ -205,7 +234,7 @@ def cell_bf16(name, tmp_path):
 
 
 def cell_prune(name, tmp_path):
-    model = build(name) if name in HUB else built(name)  # TF-MOT prunes a copy; native, itself
+    model = build(name) if name in HUB else _copy(built(name))  # native pruning masks in place
     x, y = data(name)
     pruned, callbacks = tfaccel.prune_to_sparsity(model, 0.5, 1, 2,
                                                   PruneConfig(schedule="constant"), method="auto")
