@@ -168,6 +168,8 @@ def _child(spec):
                 for s in input_specs(model, batch, spec["sequence_length"])]
         inputs = data[0] if len(data) == 1 else tf.nest.pack_sequence_as(
             getattr(model, "input", None), data)
+        if isinstance(inputs, list):  # a dataset would stack a list into one tensor
+            inputs = tuple(inputs)
         dataset = tf.data.Dataset.from_tensors((inputs, tf.zeros((batch,)))).repeat()
         model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
         peaks[batch] = memory.training_peak_bytes(
