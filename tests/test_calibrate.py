@@ -17,7 +17,7 @@ def test_fit_line_is_least_squares_and_a_falling_line_counts_as_no_slope():
 
 
 @pytest.mark.slow
-def test_a_keras_3_model_with_two_inputs_is_measured_by_fit_in_fresh_processes(tmp_path):
+def test_a_keras_3_model_with_two_inputs_is_measured_in_fresh_processes(tmp_path):
     keras = pytest.importorskip("keras")
     left, right = keras.Input((16,), name="left"), keras.Input((16,), name="right")
     hidden = keras.layers.Dense(256, activation="relu")(keras.layers.Concatenate()([left, right]))

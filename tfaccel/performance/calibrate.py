@@ -144,6 +144,18 @@ def _run_child(spec):
     return json.loads(lines[-1][len("PEAKS "):])
 
 
+def _optimizer(name, model):
+    """`name` (`plan.SLOTS`) as an optimizer of `model`'s Keras."""
+    # deferred: TensorFlow (only the child process trains)
+    from tfaccel.keras import keras_of
+
+    optimizers = keras_of(model).optimizers
+    if name == "momentum":
+        return optimizers.SGD(1e-3, momentum=0.9)
+    return {"sgd": optimizers.SGD, "adam": optimizers.Adam, "adamw": optimizers.AdamW,
+            "rmsprop": optimizers.RMSprop}[name](1e-3)
+
+
 def _child(spec):
     """In the fresh process: {batch: peak bytes} of `spec`'s model trained at each batch."""
     from tfaccel.performance import memory  # deferred: TensorFlow, after the allocator is set
@@ -151,31 +163,33 @@ def _child(spec):
     memory.use_pooled_host_allocator()
     import tensorflow as tf  # deferred: TensorFlow
 
-    from tfaccel.keras import input_specs  # deferred: TensorFlow
-    from tfaccel.performance import memory_graph, memory_profile  # deferred: TensorFlow
+    from tfaccel.keras import input_specs, is_keras3_object  # deferred: TensorFlow
+    from tfaccel.performance import memory_profile, utilization  # deferred: TensorFlow
+    from tfaccel.train import precision as precisions  # deferred: TensorFlow
 
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
                                        spec["num_classes"], spec["precision"])
-    opt = memory_graph.make_optimizer(spec["optimizer"], model, spec["precision"])
-    # trained by `fit`, as a user's run is: its iterator, step function and loss bookkeeping
-    # hold memory a bare step does not (0.3-0.4 MB, a fifth of a small MLP's peak)
-    model.compile(optimizer=opt, loss=lambda _, outputs: tf.reduce_mean(
-        tf.square(tf.cast(outputs, tf.float32))))
+    opt = precisions.wrap_optimizer(_optimizer(spec["optimizer"], model), spec["precision"])
+    variables = model.trainable_variables
+    structure = getattr(model, "input", None)
+
+    @tf.function(autograph=False)
+    def train(*inputs):
+        with tf.GradientTape() as tape:
+            loss = utilization.summed_outputs(model, structure, inputs,
+                                              lambda t: tf.reduce_mean(tf.square(t)))
+        grads = tape.gradient(loss, [getattr(v, "value", v) for v in variables]
+                              if is_keras3_object(model) else variables)
+        opt.apply_gradients(zip(grads, variables))
+        return loss
+
     peaks = {}
     for batch in spec["batches"]:
         data = [tf.ones(s.shape, s.dtype) if s.dtype.is_integer or s.dtype == tf.bool
                 else tf.random.normal(s.shape, dtype=s.dtype)
                 for s in input_specs(model, batch, spec["sequence_length"])]
-        inputs = data[0] if len(data) == 1 else tf.nest.pack_sequence_as(
-            getattr(model, "input", None), data)
-        if isinstance(inputs, list):  # a dataset would stack a list into one tensor
-            inputs = tuple(inputs)
-        dataset = tf.data.Dataset.from_tensors((inputs, tf.zeros((batch,)))).repeat()
-        model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
-        peaks[batch] = memory.training_peak_bytes(
-            lambda d=dataset: model.fit(d, steps_per_epoch=spec["steps"], epochs=1, verbose=0),
-            steps=1, warmup=0)
-        del data, inputs, dataset
+        peaks[batch] = memory.training_peak_bytes(lambda d=data: train(*d), steps=spec["steps"])
+        del data
     peaks["trainable"] = sum(int(v.shape.num_elements()) for v in model.trainable_weights)
     return peaks
 
