@@ -159,3 +159,56 @@ def test_the_transient_is_the_largest_kept_tensor_the_step_makes_not_its_input()
                               keras.layers.Dense(2)])
     kept, largest = memory_graph.saved_bytes(model, 4)
     assert (kept, largest) == (4 * 4 * (64 + 8 + 2), 4 * 4 * 8)
+
+
+def _weight_heavy():
+    # two kernels without biases: 64 x 64 and 64 x 2 (4,224 parameters), tiny activations
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, use_bias=False),
+                             keras.layers.Dense(2, use_bias=False)])
+
+
+def test_sgd_update_keeps_a_momentum_slot_and_one_weight_sized_buffer_from_the_graph():
+    # tf_keras's SGD writes m = -g * lr + m * momentum, then w += m, with m kept at momentum
+    # 0: a slot per parameter, and m * momentum (made before any gradient) waits beside them
+    model = _weight_heavy()
+    params = model.count_params()
+    slots, update, early = memory_graph.optimizer_update(model, "sgd")
+    assert slots == 4 * params
+    assert early == 4 * params  # both m * momentum buffers, alive through the backward pass
+    assert 4 * 64 * 64 <= update <= 4 * params
+    result = plan.plan_memory(model, batch_size=4, optimizer="sgd", input_batches=1)
+    assert result.breakdown["optimizer slots"] == 4 * params
+    assert result.breakdown["optimizer update"] == 4 * params
+    # another optimizer, as a suggestion would try it, falls back on the rule per optimizer
+    other = plan.breakdown(memory_graph.traced_profile(model), plan.PlanSettings(
+        batch_size=4, optimizer="adam").checked())
+    assert other["optimizer slots"] == 8 * params and other["optimizer update"] == 0
+
+
+def test_adam_update_holds_two_buffers_since_two_ops_read_each_gradient():
+    # g - m and square(g) both read the gradient: the executor may run them at once, so
+    # neither writes into it; no weight-sized update op runs before a gradient exists
+    model = _weight_heavy()
+    slots, update, early = memory_graph.optimizer_update(model, "adam")
+    assert slots == 8 * model.count_params()
+    assert early < 4 * 64  # scalars (the bias corrections), not a weight-sized buffer
+    assert update >= 2 * 4 * 64 * 64
+
+
+def test_exclusive_replay_writes_in_place_only_into_a_buffer_read_once():
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def step(x):
+        y = tf.exp(x)
+        return tf.reduce_sum(tf.sqrt(y) + tf.square(y))
+
+    graph = step.get_concrete_function(tf.TensorSpec((256,), tf.float32)).graph
+
+    def made(exclusive):
+        return [n for n, size, _ in memory_graph.step_buffers(graph, exclusive=exclusive)
+                if size == 1024]
+
+    # Exp's output is read by Sqrt and Square: in order, Square (its last reader) may take
+    # it; replayed exclusively, both get a buffer of their own
+    assert len(made(False)) + 1 == len(made(True))

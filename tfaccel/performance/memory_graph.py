@@ -34,8 +34,10 @@ import random
 
 import tensorflow as tf
 
-from tfaccel.errors import ConfigError
+from tfaccel.errors import ConfigError, ModelError, first_line
+from tfaccel.keras import flavour_of, is_keras3_object
 from tfaccel.performance import memory_pool, memory_profile, utilization
+from tfaccel.train import precision as precisions, training
 
 TRACE_BATCHES = (2, 4)
 """The two batch sizes the step is traced at (their difference gives the per-example part)."""
@@ -71,9 +73,15 @@ _VIEWS = ("Reshape", "Identity", "ExpandDims", "Squeeze", "StopGradient", "Snaps
 
 
 def _buffer(tensor):
-    """The tensor whose buffer `tensor` is (through views)."""
-    while tensor.op.type in _VIEWS and tensor.op.inputs:
-        tensor = tensor.op.inputs[0]
+    """The tensor whose buffer `tensor` is (through views; IdentityN's k-th output is its k-th
+    input, as the optimizer's gradients pass through one)."""
+    while tensor.op.inputs:
+        if tensor.op.type in _VIEWS:
+            tensor = tensor.op.inputs[0]
+        elif tensor.op.type == "IdentityN":
+            tensor = tensor.op.inputs[tensor.value_index]
+        else:
+            break
     return tensor
 
 
@@ -144,20 +152,24 @@ def executor_order(graph, seed):
     return order
 
 
-def step_buffers(graph, order=None):
+def step_buffers(graph, order=None, exclusive=False):
     """The buffers one run of `graph` (a traced step) allocates and frees, in order: a list
     of ``(name, bytes, is_activation)`` for an allocation and ``(name, None, None)`` for a
     free (see `live_bytes` for the rules; `is_activation` is False for model states: the
     casts of the weights, the step's outputs, i.e. the weights' gradients). The ops run in
     `order` (a topological order of the graph's ops, e.g. `executor_order`), by default the
-    order they were made in."""
+    order they were made in. `exclusive`: an op writes in place only into a buffer no other op
+    reads (the executor may run its readers at once)."""
     ops = list(order) if order is not None else graph.get_operations()
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
-    last_read = {}
+    last_read, readers = {}, {}
     for i, op in enumerate(ops):
+        if op.type in _VIEWS or op.type == "IdentityN":
+            continue  # a view's readers read its buffer (`_buffer`); an unread view is pruned
         for t in op.inputs:
             last_read[_buffer(t).name] = i
+            readers.setdefault(_buffer(t).name, set()).add(op.name)
     for name in returned:  # the caller (the optimizer) reads them after the step
         last_read[name] = len(ops)
     free_at = {}
@@ -166,7 +178,8 @@ def step_buffers(graph, order=None):
     events, owner = [], {}  # owner: buffer name -> the allocation it was written into
     for i, op in enumerate(ops):
         reusable = [t for t in op.inputs if op.type in _IN_PLACE
-                    and last_read.get(_buffer(t).name) == i and _buffer(t).name in owner]
+                    and last_read.get(_buffer(t).name) == i and _buffer(t).name in owner
+                    and not (exclusive and len(readers.get(_buffer(t).name, ())) > 1)]
         for out in op.outputs:
             if _buffer(out) is not out or op.type in ("Const", "Placeholder", "ReadVariableOp") \
                     or out.name not in last_read or not _bytes(out):
@@ -244,6 +257,105 @@ def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=N
                                                 trainable * int(slots))
         worst, exact = max(worst, pool), peak if exact is None else exact
     return max(0, worst - exact)
+
+
+def make_optimizer(name, model, precision="float32"):
+    """The optimizer `name` (`plan.SLOTS`) of `model`'s Keras as the recipes make it
+    (`training.make_optimizer`: tf_keras's SGD keeps a momentum slot even at momentum 0, Keras
+    3's does not), wrapped for `precision` (a loss scale under mixed_float16)."""
+    made = training.make_optimizer(name, 1e-3, flavour=flavour_of(model))
+    return precisions.wrap_optimizer(made, precision)
+
+
+def update_step(model, optimizer, batch_size=TRACE_BATCHES[0], sequence_length=None):
+    """The graph of one training step of `model` with `optimizer`'s update (forward pass, the
+    squared loss, the gradients, `apply_gradients`), traced at `batch_size`, not run. Tracing
+    makes the optimizer's variables (its slots), as its first step does."""
+    specs = utilization.input_specs(model, int(batch_size), sequence_length)
+    variables = model.trainable_variables
+    read = [getattr(v, "value", v) for v in variables] if is_keras3_object(model) else variables
+    structure = getattr(model, "input", None)
+
+    @tf.function(autograph=False)
+    def step(*inputs):
+        with tf.GradientTape() as tape:
+            loss = utilization.summed_outputs(model, structure, inputs,
+                                              lambda t: tf.reduce_sum(tf.square(t)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, read), variables))
+        return loss
+
+    try:
+        return step.get_concrete_function(*specs).graph
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"cannot trace a training step of {model.name!r} with its optimizer "
+                         f"update: {first_line(e)}") from None
+
+
+def optimizer_update(model, optimizer, precision="float32", sequence_length=None,
+                     orders=ORDERS):
+    """(slot bytes, update bytes) of training `model` with the optimizer `optimizer`, read from
+    the optimizer itself and the graph of its update, not from a rule per optimizer.
+
+    Slot bytes: the optimizer's variables once it has traced its update (`update_step`), the
+    scalars (its step counter, a loss scale) left out. Update bytes: what the update makes
+    beside the gradients: the update's ops (those made after the tape's last gradient op)
+    replayed after the forward and backward pass (`step_buffers`), the largest live sum
+    during them minus what was alive when they began (the gradients), the worst of
+    `orders` orders of the update's ops (the order they were made in, then as
+    `executor_order` draws them). An op writes in place only into a buffer it alone reads
+    (``exclusive``): the executor runs the readers of one buffer at once, so Adam's ``g - m``
+    and ``square(g)`` each get a new buffer. tf_keras's SGD writes ``m = -g * lr + m *
+    momentum`` and ``w += m``: beside its momentum slot (kept at momentum 0) it holds one
+    buffer of the largest weight's size more than its gradients; Adam two.
+
+    Returns (slot bytes, update bytes, early bytes): the third is what the update makes
+    before any gradient exists (`_early_update_bytes`), alive at the backward pass's peak.
+    """
+    opt = make_optimizer(optimizer, model, precision)
+    graph = update_step(model, opt, sequence_length=sequence_length)
+    slots = sum(int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
+                for v in opt.variables if int(v.shape.num_elements()) > 1)
+    ops = graph.get_operations()
+    last = max((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
+               default=len(ops) - 1)
+    head, tail = ops[:last + 1], {op.name for op in ops[last + 1:]}
+    worst = 0
+    for seed in range(int(orders)):
+        drawn = executor_order(graph, seed) if seed else ops
+        sizes, live, start, peak = {}, 0, None, 0
+        for name, nbytes, _ in step_buffers(graph, head + [op for op in drawn if op.name in tail],
+                                            exclusive=True):
+            if nbytes is None:
+                live -= sizes.pop(name, 0)
+                continue
+            if start is None and name.rsplit(":", 1)[0] in tail:
+                start = peak = live
+            sizes[name] = nbytes
+            live += nbytes
+            peak = max(peak, live)
+        worst = max(worst, peak - start if start is not None else 0)
+    return slots, worst, _early_update_bytes(ops, last)
+
+
+def _early_update_bytes(ops, last):
+    """Bytes of the buffers the update's ops (`ops` after index `last`) make without reading
+    a gradient and that an op reading one consumes (tf_keras SGD's ``m * momentum``, added to
+    ``-g * lr``): the executor runs them as soon as the step starts, so they wait, alive,
+    through the backward pass's peak."""
+    after_gradients = set()
+    for op in ops:
+        sources = [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]
+        if op.name.startswith(_GRADIENT_SCOPE) or any(n in after_gradients for n in sources):
+            after_gradients.add(op.name)
+    tail, early = {op.name for op in ops[last + 1:]}, {}
+    for op in ops[last + 1:]:
+        if op.name in after_gradients:
+            for t in op.inputs:
+                source = _buffer(t).op
+                if (source.name not in after_gradients and source.type not in
+                        ("Const", "Placeholder", "ReadVariableOp") and source.name in tail):
+                    early[source.name] = _bytes(_buffer(t))
+    return sum(early.values())
 
 
 def saved_bytes(model, batch_size, sequence_length=None):

@@ -76,6 +76,11 @@ class MemoryProfile:
         the bytes asked for (`memory_graph.pool_slack`: chunks served whole).
       method: where the activations came from: the model's layers, a closed form, or the
         graph of the traced training step (`tfaccel.performance.memory_graph`).
+      update_optimizer: the optimizer whose update was traced (`memory_graph.optimizer_update`)
+        for the two fields after it; "" when none was (the plan counts slots by its rule).
+      optimizer_slot_bytes: that optimizer's variables; update_bytes: what its update adds
+        beyond the gradients (`memory_graph.optimizer_update`); early_update_bytes: what it
+        makes before any gradient exists, alive beside the activations.
     """
 
     name: str
@@ -88,6 +93,10 @@ class MemoryProfile:
     fixed_activation_bytes: int = 0
     pool_slack_per_example: float = 0.0
     method: str = "layers (each layer's output shapes)"
+    update_optimizer: str = ""
+    optimizer_slot_bytes: int = 0
+    update_bytes: int = 0
+    early_update_bytes: int = 0
 
     @property
     def parameters(self):

@@ -165,7 +165,7 @@ class PlanSettings:
             memory = parse_device_memory(memory)
         return dataclasses.replace(self, device_memory=memory)
 
-MODEL_STATES = ("weights (float32)", "gradients (float32)", "optimizer slots",
+MODEL_STATES = ("weights (float32)", "gradients (float32)", "optimizer slots", "optimizer update",
                 "16-bit weight casts", "accumulated gradients")
 
 
@@ -244,10 +244,17 @@ def stage_breakdown(profile, layers, s, first):
     else:
         activations = micro * in_flight * sum(layer.activation_bytes for layer in layers)
         transient = micro * max((layer.output_bytes for layer in layers), default=0)
+    traced = profile.update_optimizer == s.optimizer  # its slots and update read from a graph
     out = {
         "weights (float32)": 4 * params,
         "gradients (float32)": 4 * int(trainable),
-        "optimizer slots": 4 * SLOTS[s.optimizer] * int(trainable),
+        "optimizer slots": profile.optimizer_slot_bytes if traced
+        else 4 * SLOTS[s.optimizer] * int(trainable),
+        # the update runs once the backward pass has freed the activations: what it holds
+        # beyond them, or what it made before the gradients, alive beside them
+        "optimizer update": max(profile.early_update_bytes, profile.update_bytes
+                                - int(scale * (activations + transient))) if traced and first
+        else 0,
         "16-bit weight casts": 2 * params if half else 0,
         "accumulated gradients": 8 * int(trainable) if s.grad_accum_steps > 1 else 0,
         "all-reduce buffer": 4 * int(trainable) if s.replicas > 1 else 0,
@@ -414,9 +421,15 @@ def plan_memory(profile, settings=None, **kwargs):
 
             profile = memory_graph.traced_profile(model, sequence_length)
             micro = max(1, settings.batch_size // settings.grad_accum_steps)
-            slack = memory_graph.pool_slack(model, micro, SLOTS.get(settings.optimizer, 0),
+            slot_bytes, update, early = memory_graph.optimizer_update(
+                model, settings.optimizer, settings.precision, sequence_length)
+            slack = memory_graph.pool_slack(model, micro,
+                                            round(slot_bytes / max(1, 4 * profile.trainable)),
                                             settings.grad_accum_steps > 1, sequence_length)
-            profile = dataclasses.replace(profile, pool_slack_per_example=slack / micro)
+            profile = dataclasses.replace(profile, pool_slack_per_example=slack / micro,
+                                          update_optimizer=settings.optimizer,
+                                          optimizer_slot_bytes=slot_bytes, update_bytes=update,
+                                          early_update_bytes=early)
         else:
             profile = memory_profile.profile_of(model)
     if measure and model is None:
