@@ -163,25 +163,14 @@ def _child(spec):
     memory.use_pooled_host_allocator()
     import tensorflow as tf  # deferred: TensorFlow
 
-    from tfaccel.keras import input_specs, is_keras3_object  # deferred: TensorFlow
-    from tfaccel.performance import memory_profile, utilization  # deferred: TensorFlow
+    from tfaccel.keras import input_specs  # deferred: TensorFlow
+    from tfaccel.performance import memory_graph, memory_profile  # deferred: TensorFlow
     from tfaccel.train import precision as precisions  # deferred: TensorFlow
 
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
                                        spec["num_classes"], spec["precision"])
     opt = precisions.wrap_optimizer(_optimizer(spec["optimizer"], model), spec["precision"])
-    variables = model.trainable_variables
-    structure = getattr(model, "input", None)
-
-    @tf.function(autograph=False)
-    def train(*inputs):
-        with tf.GradientTape() as tape:
-            loss = utilization.summed_outputs(model, structure, inputs,
-                                              lambda t: tf.reduce_mean(tf.square(t)))
-        grads = tape.gradient(loss, [getattr(v, "value", v) for v in variables]
-                              if is_keras3_object(model) else variables)
-        opt.apply_gradients(zip(grads, variables))
-        return loss
+    train = memory_graph.squared_output_step(model, opt, tf.reduce_mean)
 
     peaks = {}
     for batch in spec["batches"]:
