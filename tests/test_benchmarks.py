@@ -319,7 +319,8 @@ def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
         low = 0.7 if avx512 or not name.startswith("cnn") else 0.35
         assert low < r["ratio"] < 1.4  # the plan is near the measured peak, not just positive
     assert rows["gpt_tiny_bf16_b256"]["breakdown"]["16-bit weight casts"] > 0
-    assert rows["cnn_sgd"]["breakdown"]["optimizer slots"] == 0
+    # tf_keras SGD keeps a momentum slot even at momentum 0 (read from its traced update)
+    assert 0 < rows["cnn_sgd"]["breakdown"]["optimizer slots"] <= 4 * rows["cnn_sgd"]["parameters"]
     recomputed, plain = rows["gpt_tiny_f32_b256_rc"], rows["gpt_tiny_bf16_b256"]
     assert recomputed["recompute"] and not plain["recompute"]
     assert recomputed["measured_peak"] < plain["measured_peak"]  # float32, yet recomputed
