@@ -69,13 +69,18 @@ def check_context(length, context):
                          "longer context")
 
 
+def _float32_inputs(layer_kwargs):
+    """A layer's keyword arguments with autocast off: the layer keeps the model's policy
+    but is given its float32 inputs as they are (the residual stream's layers)."""
+    return dict(layer_kwargs, autocast=False)
+
+
 @keras.saving.register_keras_serializable(package="tfaccel")
 class PositionEmbedding(keras.layers.Layer):
     """Adds a learned embedding of positions 0..T-1 to `[batch, T, d]` inputs (T <= context)."""
 
     def __init__(self, context, initializer=None, **kwargs):
-        kwargs.pop("autocast", None)
-        super().__init__(autocast=False, **kwargs)
+        super().__init__(**_float32_inputs(kwargs))
         self.context = int(context)
         self.initializer = keras.initializers.get(initializer or normal())
 
@@ -118,8 +123,7 @@ class ResidualAdd(keras.layers.Add):
     the compute dtype): 16-bit sums would round the stream at every block."""
 
     def __init__(self, **kwargs):
-        kwargs.pop("autocast", None)
-        super().__init__(autocast=False, **kwargs)
+        super().__init__(**_float32_inputs(kwargs))
 
     def call(self, inputs):
         return tf.add_n([tf.cast(x, tf.float32) for x in inputs])
@@ -131,8 +135,7 @@ class StreamDropout(keras.layers.Dropout):
     policy: tf_keras's Dropout would cast the stream to the compute dtype."""
 
     def __init__(self, rate, **kwargs):
-        kwargs.pop("autocast", None)
-        super().__init__(rate, autocast=False, **kwargs)
+        super().__init__(rate, **_float32_inputs(kwargs))
 
 
 @keras.saving.register_keras_serializable(package="tfaccel")
@@ -147,8 +150,7 @@ class Float32LayerNorm(keras.layers.LayerNormalization):
     """
 
     def __init__(self, **kwargs):
-        kwargs.pop("autocast", None)
-        super().__init__(autocast=False, **kwargs)
+        super().__init__(**_float32_inputs(kwargs))
 
     def call(self, inputs):
         x = tf.cast(inputs, tf.float32)
@@ -218,8 +220,7 @@ class RecomputeBlock(keras.layers.Layer):
 
     def __init__(self, d_model, heads, mlp_ratio=4, dropout=0.0, residual_stddev=INIT_STDDEV,
                  **kwargs):
-        kwargs.pop("autocast", None)
-        super().__init__(autocast=False, **kwargs)  # the stream stays float32
+        super().__init__(**_float32_inputs(kwargs))  # the stream stays float32
         self.d_model, self.heads, self.mlp_ratio = int(d_model), int(heads), int(mlp_ratio)
         self.dropout, self.residual_stddev = float(dropout), float(residual_stddev)
         layers = block_layers(self.name, self.d_model, self.heads, self.mlp_ratio, self.dropout,
