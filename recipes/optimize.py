@@ -188,7 +188,7 @@ def main(argv):
             rate = f"{learning_rate:g}" if isinstance(learning_rate, float) else \
                 type(learning_rate).__name__
             print(f"--- {stage}: {epochs} epochs, learning rate {rate}")
-            m.fit(train_ds, epochs=epochs, verbose=2, callbacks=[
+            m.fit(train_ds, epochs=epochs, verbose=2, shuffle=False, callbacks=[
                 training.StopOnNonFiniteLoss(), *callbacks,
                 summaries.LearningRateLogger(os.path.join(logdir, stage, "train")),
                 summaries.TensorBoard(os.path.join(logdir, stage))])

@@ -169,7 +169,7 @@ def main(argv):
         with strategy.scope():
             common.compile_from_flags(model, learning_rate, FLAGS.precision)
         baseline_logdir = os.path.join(logdir, "baseline")
-        model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, verbose=2,
+        model.fit(train_ds, validation_data=val_ds, epochs=FLAGS.epochs, verbose=2, shuffle=False,
                   callbacks=[training.StopOnNonFiniteLoss(),
                              summaries.LearningRateLogger(os.path.join(baseline_logdir, "train")),
                              summaries.TensorBoard(baseline_logdir)])
@@ -196,6 +196,7 @@ def main(argv):
     logger = callbacks[-1]
     start = time.perf_counter()
     pruned.fit(train_ds, validation_data=val_ds, epochs=FLAGS.prune_epochs, verbose=2,
+               shuffle=False,
                callbacks=[training.StopOnNonFiniteLoss(), *callbacks,
                           summaries.LearningRateLogger(os.path.join(logdir, "train")),
                           summaries.TensorBoard(logdir, update_freq="epoch")])

@@ -1,6 +1,7 @@
 """Hardware monitor (NVML or CPU), step timing, trial reports."""
 
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ import tensorflow as tf
 
 from tfaccel import monitor, summaries
 from tfaccel.errors import ConfigError
-from tfaccel.keras import keras
+from tfaccel.keras import keras, keras3
 from tfaccel.performance import memory
 
 
@@ -194,3 +195,16 @@ def test_trial_report_has_table_plot_and_file(tmp_path):
     assert "| 32 | out of memory |" in table
     assert summaries.read_image_tags(tmp_path) == ["performance/test_plot"]
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_fit_of_a_keras3_model_raises_no_shuffle_warning():
+    k3 = keras3()
+    model = k3.Sequential([k3.Input((4,)), k3.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    data = tf.data.Dataset.from_tensor_slices((np.ones((8, 4), "float32"),
+                                               np.ones((8, 2), "float32"))).batch(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        times = monitor.time_fit(model, data, steps=2, warmup=1)
+    assert len(times.seconds) == 2 and int(model.optimizer.iterations.numpy()) == 3
+    assert not [w for w in caught if "shuffle" in str(w.message)]

@@ -376,7 +376,7 @@ def time_fit(model, dataset, steps, warmup=0, deadline=None, clock=time.perf_cou
         raise ConfigError(f"steps={steps} must be at least 1")
     timer = StepTimer(steps, warmup, deadline, clock)
     model.fit(dataset.repeat(), steps_per_epoch=warmup + steps, epochs=1, verbose=0,
-              callbacks=[timer])
+              shuffle=False, callbacks=[timer])  # a dataset: Keras 3 warns at shuffle=True
     return timer.times()
 
 

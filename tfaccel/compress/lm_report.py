@@ -146,7 +146,8 @@ def pruned_copy(model, sparsity, train_tokens, sequence_length, steps, batch_siz
     windows = text_dataset(train_tokens, sequence_length, batch_size, training=True, seed=seed,
                            steps_per_epoch=steps)
     windows = windows.map(lambda x, y: (model_inputs(pruned, x), y))
-    pruned.fit(windows, epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    pruned.fit(windows, epochs=1, steps_per_epoch=steps, callbacks=callbacks, verbose=0,
+               shuffle=False)
     return magnitude.strip_magnitude(pruned), kernels
 
 
