@@ -1,4 +1,4 @@
-"""tfaccel.performance.calibrate: peaks measured at three batches in fresh processes, fit."""
+"""tfaccel.performance.calibrate: peaks of `fit` at three batches, one fresh process each, fit."""
 
 import pytest
 
@@ -28,3 +28,26 @@ def test_a_keras_3_model_with_two_inputs_is_measured_in_fresh_processes(tmp_path
     # each example keeps at least its 256 hidden floats (and its ReLU's output) in the step
     assert c.per_example >= 4 * 256
     assert c.predicted == round(c.fixed + 512 * c.per_example)
+
+
+def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts(monkeypatch):
+    specs, peaks = [], iter([100, 300, 900, 120, 280, 1_000])  # two rounds of 3 batches
+
+    def child(spec):
+        specs.append(spec)
+        return {"peak": next(peaks), "trainable": 10}
+
+    monkeypatch.setattr(calibrate, "_run_child", child)
+    settings = plan.PlanSettings(batch_size=1024, optimizer="adam", grad_accum_steps=4,
+                                 precision="mixed_bfloat16").checked()
+    c = calibrate.measure_memory("mlp", settings, (8, 8, 1), 10, steps=5, repeats=2)
+    # one batch per fresh process, the micro-batch's 1/8, 1/4 and 1/2, with the run's settings
+    assert [s["batch"] for s in specs] == [32, 64, 128] * 2
+    assert {(s["steps"], s["optimizer"], s["precision"], s["model"]) for s in specs} == {
+        (5, "adam", "mixed_bfloat16", "mlp")}
+    assert c.peaks == {32: 120, 64: 300, 128: 1_000}
+    assert c.spread == pytest.approx(0.2)  # 120 / 100 - 1, the largest of the three
+    per_example, fixed = calibrate.fit_line(c.peaks)
+    # the micro-batch (256) scaled, plus accumulation's two float32 copies of the gradients
+    assert c.predicted == round(fixed + 256 * per_example) + 8 * 10
+    assert "batches 32, 64, 128" in c.method and "largest peak of 2" in c.method

@@ -1,17 +1,29 @@
 """A memory plan checked by running the step: peaks measured at three batches, fit, scaled.
 
-`measure_memory(model, settings)` starts fresh Python processes (allocators that have
-served nothing else) with TensorFlow's pooled host allocator
-(`memory.use_pooled_host_allocator`), builds the model there, and runs training steps
-(forward, a loss, gradients, the optimizer's update) at an eighth, a quarter and half
-of the target (micro-)batch, reading the allocator's peak (`memory.training_peak_bytes`,
-2 warm-up steps then 8). The order in which TensorFlow runs independent ops differs
-from step to step and from process to process, and so does the peak (15-25% apart
-at batches 8 and 16, the previous calibration's); so each batch runs in `repeats`
-processes and its largest peak counts (the statistic `benchmarks/bench_memory.py`
-takes), and the batches are large enough that the per-example part outweighs that
-spread. A least-squares line through the three peaks, ``fixed + per_example *
-batch``, predicts the target batch.
+`measure_memory(model, settings)` measures the model the way
+`benchmarks/bench_memory.py` measures a training run: each peak comes from a fresh
+Python process (an allocator that has served nothing else) with TensorFlow's pooled
+host allocator (`memory.use_pooled_host_allocator`) that builds the model, compiles it
+with its optimizer and trains it by `model.fit` on one constant batch
+(`Dataset.from_tensors(...).repeat()`): 2 warm-up steps, then the allocator's peak over
+`steps` steps (`memory.training_peak_bytes`). One process per batch size: a process
+that had run a smaller batch first would hand the larger one a fragmented pool. `fit`
+is the path a user's run takes, and it holds memory a bare training step does not (the
+dataset iterator and its prefetch buffer, the compiled step's temporaries, the loss
+and metric bookkeeping: about 0.4 MB, a fifth of a small MLP's peak); a calibration
+with a bare `tf.function` step missed exactly that fixed part. The loss is the
+planner's (`memory_graph.squared_output_step`): the mean squared output in float32,
+which keeps a float32 tensor of the outputs' size as a cross-entropy keeps its gradient
+of the logits; a classifier's cross-entropy adds only its softmax (batch x classes).
+
+The batches are an eighth, a quarter and half of the target (micro-)batch. The order
+in which TensorFlow runs independent ops differs from step to step and process to
+process, and so does the peak (per-step peaks of the zoo CNN at batch 256 ranged
+14.4-18.8 MB in one process); the largest over a run's steps is what the benchmark
+reports, so each batch runs in `repeats` processes of `steps` steps and its largest
+peak counts, the statistic the benchmark takes over its own processes. A
+least-squares line through the three peaks, ``fixed + per_example * batch``, predicts
+the target batch.
 
 Which to trust when: the measured prediction includes what the graph cannot see
 (oneDNN's AVX2 convolution workspaces, the order TensorFlow runs independent ops in,
@@ -58,8 +70,8 @@ class Calibration:
     batch_size: int
     predicted: int
     spread: float = 0.0  # the largest (largest peak / smallest peak - 1) over the batches
-    method: str = ("measured (largest peaks of 3 fresh processes at 1/8, 1/4 and 1/2 of the "
-                   "batch, fit and scaled)")
+    method: str = ("measured (model.fit at 1/8, 1/4 and 1/2 of the batch, one fresh process "
+                   "each, largest peak of 3 per batch, fit and scaled)")
 
 
 def _source(model, tmpdir):
@@ -112,28 +124,31 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
     batches = tuple(int(b) for b in (batches or calibration_batches(micro)))
     if len(set(batches)) < 2 or min(batches) < 1:
         raise ConfigError(f"batches={batches}: at least two distinct positive batch sizes")
-    runs = []
+    spec = {"input_shape": input_shape, "num_classes": num_classes,
+            "precision": settings.precision, "optimizer": settings.optimizer,
+            "sequence_length": sequence_length, "steps": int(steps)}
+    runs = {b: [] for b in sorted(set(batches))}
+    trainable = 0
     with tempfile.TemporaryDirectory() as tmpdir:
-        spec = {"model": _source(model, tmpdir), "input_shape": input_shape,
-                "num_classes": num_classes, "precision": settings.precision,
-                "optimizer": settings.optimizer, "sequence_length": sequence_length,
-                "batches": sorted(set(batches)), "steps": int(steps)}
+        spec["model"] = _source(model, tmpdir)
         for _ in range(max(1, int(repeats))):
-            runs.append(_run_child(spec))
-    trainable = runs[0].pop("trainable")
-    for run in runs[1:]:
-        run.pop("trainable")
-    peaks = {int(b): max(int(run[b]) for run in runs) for b in runs[0]}
-    spread = max(max(int(run[b]) for run in runs) / min(int(run[b]) for run in runs) - 1
-                 for b in runs[0])
+            for b in runs:  # one batch per process: each peak from a pool that served only it
+                result = _run_child(dict(spec, batch=b))
+                runs[b].append(int(result["peak"]))
+                trainable = int(result["trainable"])
+    peaks = {b: max(p) for b, p in runs.items()}
+    spread = max(max(p) / min(p) - 1 for p in runs.values())
     per_example, fixed = fit_line(peaks)
     accumulator = 8 * trainable if settings.grad_accum_steps > 1 else 0
     predicted = int(round(fixed + per_example * micro)) + accumulator
-    return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread)
+    method = (f"measured (model.fit at batches {', '.join(map(str, runs))}, one fresh process "
+              f"each, largest peak of {len(next(iter(runs.values())))} per batch over "
+              f"{int(steps)} steps, fit and scaled)")
+    return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread, method)
 
 
 def _run_child(spec):
-    """{batch (str): peak, 'trainable': n} from one fresh process measuring `spec`."""
+    """{'peak': bytes, 'trainable': n} from one fresh process measuring `spec`."""
     proc = subprocess.run([sys.executable, "-m", "tfaccel.performance.calibrate",
                            json.dumps(spec)], capture_output=True, text=True, check=False,
                           timeout=_TIMEOUT_S, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
@@ -157,30 +172,49 @@ def _optimizer(name, model):
 
 
 def _child(spec):
-    """In the fresh process: {batch: peak bytes} of `spec`'s model trained at each batch."""
+    """In the fresh process: {'peak': bytes, 'trainable': n} of `spec`'s model trained by
+    `fit` at `spec['batch']`, measured as `benchmarks/bench_memory.py` measures a run."""
     from tfaccel.performance import memory  # deferred: TensorFlow, after the allocator is set
 
     memory.use_pooled_host_allocator()
     import tensorflow as tf  # deferred: TensorFlow
 
     from tfaccel.keras import input_specs  # deferred: TensorFlow
-    from tfaccel.performance import memory_graph, memory_profile  # deferred: TensorFlow
+    from tfaccel.performance import memory_profile  # deferred: TensorFlow
     from tfaccel.train import precision as precisions  # deferred: TensorFlow
 
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
                                        spec["num_classes"], spec["precision"])
     opt = precisions.wrap_optimizer(_optimizer(spec["optimizer"], model), spec["precision"])
-    train = memory_graph.squared_output_step(model, opt, tf.reduce_mean)
+    model.compile(optimizer=opt, loss=_squared_loss)
+    batch = spec["batch"]
+    data = [tf.ones(s.shape, s.dtype) if s.dtype.is_integer or s.dtype == tf.bool
+            else tf.random.normal(s.shape, dtype=s.dtype)
+            for s in input_specs(model, batch, spec["sequence_length"])]
+    inputs = data[0] if len(data) == 1 else tf.nest.pack_sequence_as(
+        getattr(model, "input", None), data)
+    if isinstance(inputs, list):  # a dataset would stack a list into one tensor
+        inputs = tuple(inputs)
+    outputs = len(getattr(model, "outputs", None) or [None])
+    labels = tf.zeros((batch,)) if outputs == 1 else tuple(tf.zeros((batch,))
+                                                           for _ in range(outputs))
+    dataset = tf.data.Dataset.from_tensors((inputs, labels)).repeat()
+    del data
+    model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)
+    peak = memory.training_peak_bytes(
+        lambda: model.fit(dataset, steps_per_epoch=spec["steps"], epochs=1, verbose=0),
+        steps=1, warmup=0)
+    return {"peak": peak,
+            "trainable": sum(int(v.shape.num_elements()) for v in model.trainable_weights)}
 
-    peaks = {}
-    for batch in spec["batches"]:
-        data = [tf.ones(s.shape, s.dtype) if s.dtype.is_integer or s.dtype == tf.bool
-                else tf.random.normal(s.shape, dtype=s.dtype)
-                for s in input_specs(model, batch, spec["sequence_length"])]
-        peaks[batch] = memory.training_peak_bytes(lambda d=data: train(*d), steps=spec["steps"])
-        del data
-    peaks["trainable"] = sum(int(v.shape.num_elements()) for v in model.trainable_weights)
-    return peaks
+
+def _squared_loss(_, outputs):
+    """The planner's loss (`memory_graph.squared_output_step`): the mean squared output in
+    float32, which keeps a float32 tensor of the outputs' size as a cross-entropy keeps its
+    gradient of the logits; the labels are not read."""
+    import tensorflow as tf  # deferred: TensorFlow
+
+    return tf.reduce_mean(tf.square(tf.cast(outputs, tf.float32)))
 
 
 if __name__ == "__main__":
