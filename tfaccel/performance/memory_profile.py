@@ -344,7 +344,9 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
     float32; in 16-bit (`half`) 2 bytes each but the LayerNorms' float32 copies of
     their inputs (replacing the residual stream): ``s (60 h + 2 a s)`` bytes. Dropout
     adds two 1-byte masks (``2 s h``; Korthikanti et al. count ``34 h + 5 a s`` bytes
-    per token for Megatron). Recomputed, a block keeps its input (``s h`` values). A
+    per token for Megatron). Recomputed, a block keeps its input (``s h`` values, in
+    float32 in 16-bit too: the GPT's residual stream, measured 226 -> 256-273 MB for the
+    recomputing tiny GPT at batch 256 when it became float32, `bench_memory.py`). A
     block's backward transient is the gradient of its largest tensor (``max(a s^2, 4 s
     h)``). After the blocks: the loss's float32 gradient of the logits (``s V``) and the
     final LayerNorm's tensors (``8 s h`` bytes: the GPT's residual stream is float32 in
@@ -373,7 +375,7 @@ def profile_transformer(layers, d_model, heads, vocab_size, sequence_length, tie
                                               context or sequence_length, tied)
     block_bytes = s * (60 * h + 2 * a * s) if half else 4 * s * (26 * h + a * s)
     block_bytes += 2 * s * h if dropout else 0
-    boundary = width * s * h
+    boundary = 4 * s * h  # the residual stream: float32 under a mixed policy too
     largest = width * max(a * s * s, 4 * s * h)
     blocks = [LayerMemory(f"block_{i}", per_block, block_bytes, largest, boundary)
               for i in range(layers)]
