@@ -56,9 +56,11 @@ def test_the_13b_question_answers_fast_and_prices_a_pipeline():
         batch_size=1, precision="mixed_bfloat16", device_memory="24GB"))
     assert time.perf_counter() - start < 5
     assert result.fits is False and result.headroom < 0
-    assert result.pipeline_devices[80] == 3 and result.pipeline_devices[24] > 8
+    # 3 x 80 GiB hold the model states (229.7 GB) but not 4 micro-batches' float32 residual
+    # streams kept under recomputation (`profile_transformer`'s block boundaries) beside them
+    assert result.pipeline_devices[80] == 4 and result.pipeline_devices[24] > 8
     text = plan.format_plan(result)
-    assert "DOES NOT FIT" in text and "3 x 80 GiB" in text
+    assert "DOES NOT FIT" in text and "4 x 80 GiB" in text
     assert all("stages" in x["settings"] for x in result.suggestions)
     assert "no change on one device makes it fit: TensorFlow has no ZeRO sharding" in text
 
@@ -134,7 +136,7 @@ def test_cli_13b_json_without_tensorflow():
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["fits"] is False and out["parameters"] == _13b().parameters
-    assert out["pipeline_devices"]["80"] == 3
+    assert out["pipeline_devices"]["80"] == 4
 
 
 @pytest.mark.parametrize("args,message", [
