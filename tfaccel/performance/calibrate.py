@@ -12,7 +12,7 @@ is the path a user's run takes, and it holds memory a bare training step does no
 dataset iterator and its prefetch buffer, the compiled step's temporaries, the loss
 and metric bookkeeping: about 0.4 MB, a fifth of a small MLP's peak); a calibration
 with a bare `tf.function` step missed exactly that fixed part. The loss is the
-planner's (`memory_graph.squared_output_step`): the mean squared output in float32,
+planner's (`memory_graph.squared_output_step` sums it): the mean squared output in float32,
 which keeps a float32 tensor of the outputs' size as a cross-entropy keeps its gradient
 of the logits; a classifier's cross-entropy adds only its softmax (batch x classes).
 

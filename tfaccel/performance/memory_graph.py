@@ -267,10 +267,10 @@ def make_optimizer(name, model, precision="float32"):
     return precisions.wrap_optimizer(made, precision)
 
 
-def squared_output_step(model, optimizer, reduce):
-    """A `tf.function` of one training step of `model` (any Keras, any inputs) on the loss
-    `reduce`(its outputs squared) with `optimizer`'s update: the step the planner traces and
-    the calibration runs, so that both price the same work."""
+def squared_output_step(model, optimizer):
+    """A `tf.function` of one training step of `model` (any Keras, any inputs) on the sum of
+    its outputs squared, with `optimizer`'s update: the step the planner traces (the
+    calibration trains `fit` on the same loss, `calibrate._squared_loss`)."""
     variables = model.trainable_variables
     read = [getattr(v, "value", v) for v in variables] if is_keras3_object(model) else variables
     structure = getattr(model, "input", None)
@@ -279,7 +279,7 @@ def squared_output_step(model, optimizer, reduce):
     def step(*inputs):
         with tf.GradientTape() as tape:
             loss = utilization.summed_outputs(model, structure, inputs,
-                                              lambda t: reduce(tf.square(t)))
+                                              lambda t: tf.reduce_sum(tf.square(t)))
         optimizer.apply_gradients(zip(tape.gradient(loss, read), variables))
         return loss
 
@@ -291,7 +291,7 @@ def update_step(model, optimizer, batch_size=TRACE_BATCHES[0], sequence_length=N
     squared loss, the gradients, `apply_gradients`), traced at `batch_size`, not run. Tracing
     makes the optimizer's variables (its slots), as its first step does."""
     specs = utilization.input_specs(model, int(batch_size), sequence_length)
-    step = squared_output_step(model, optimizer, tf.reduce_sum)
+    step = squared_output_step(model, optimizer)
     try:
         return step.get_concrete_function(*specs).graph
     except (TypeError, ValueError) as e:
