@@ -143,7 +143,7 @@ def main(argv):
 
     flops_per_token = utilization.training_flops_per_example(
         build(compiled=False), sequence_length=length) / length  # the traced step's own count
-    peaks = {side: doctor.peak(settings[side][0]) for side in settings}
+    peaks = {side: doctor.peak(settings[side][0], measure=True) for side in settings}
     peak = peaks["recipe"]
     train = {side: timing.steady(runs, side, "train_seconds") for side in settings}
     epochs = {side: timing.steady(runs, side) for side in settings}

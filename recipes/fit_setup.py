@@ -113,7 +113,7 @@ def model_flops(model, policy, sequence_length=None, printer=print):
     from tfaccel.errors import TfaccelError
     from tfaccel.performance import utilization
 
-    peak = doctor.peak(policy)
+    peak = doctor.peak(policy, measure=True)
     try:
         flops = utilization.training_flops_per_example(model, sequence_length=sequence_length)
     except TfaccelError as e:

@@ -1,6 +1,7 @@
 """tfaccel doctor: real facts here, advice logic on described machines."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -40,6 +41,10 @@ def test_json_has_the_fields_and_says_cpu_only():
     assert {"cuda_version", "cudnn_version", "is_cuda_build"} <= set(facts["build"])
     assert "built_with_xla" in facts["xla"] and "enabled" in facts["onednn"]
     assert any(d["type"] == "CPU" for d in facts["devices"])
+    rates = facts["matmul_flops_per_second"]
+    assert set(rates) == {"float32", "bfloat16"} and all(v > 1e8 for v in rates.values())
+    # the peak is never below what a matmul reached on this machine
+    assert facts["peak"]["float32"]["flops_per_second"] >= rates["float32"] * 0.999
     if not any(d["type"] == "GPU" for d in facts["devices"]):
         assert any("No GPU visible" in a["message"] for a in facts["advice"])
 
@@ -49,6 +54,7 @@ def test_human_report_runs():
                          text=True, timeout=120)
     assert out.returncode == 0
     assert "TF build" in out.stdout and "Advice" in out.stdout
+    assert re.search(r"^Matmul +float32 [\d,]+ GFLOP/s, bfloat16 [\d,]+ GFLOP/s", out.stdout, re.M)
 
 
 AMX_XEON = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni",

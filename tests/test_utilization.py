@@ -83,6 +83,31 @@ def test_cpu_peak_is_cores_times_clock_times_flops_per_cycle():
     assert "2 cores x 2.45 GHz" in result.how and "32 FLOP/cycle" in result.how
 
 
+def test_a_measured_matmul_faster_than_the_base_clock_raises_the_peak():
+    # 200 GFLOP/s on 2 AVX2 cores needs 3.125 GHz: the base 2.45 GHz understates the peak
+    raised = doctor.cpu_peak("float32", cores=2, flags=AVX2, clock_ghz=2.45,
+                             measured_float32=200e9)
+    assert raised.flops_per_second == pytest.approx(200e9)
+    assert "3.12 GHz (implied by a measured float32 matmul of 200 GFLOP/s; given: 2.45)" \
+        in raised.how
+    bf16 = doctor.cpu_peak("mixed_bfloat16", cores=2, flags=ZEN4, clock_ghz=2.45,
+                           measured_float32=400e9)  # implies > 2.45 GHz at 32 or 64 FLOP/cycle
+    assert bf16.flops_per_second == pytest.approx(2 * 400e9)  # AVX512_BF16: twice fp32's rate
+    slower = doctor.cpu_peak("float32", cores=2, flags=AVX2, clock_ghz=2.45,
+                             measured_float32=100e9)  # a loaded machine: the base clock stays
+    assert slower.flops_per_second == pytest.approx(2 * 2.45e9 * 32)
+    assert "implied" not in slower.how
+
+
+def test_measured_matmul_rate_is_real_and_below_any_plausible_peak():
+    rate = doctor.matmul_flops("float32", size=256, seconds=0.05)
+    nominal = doctor.peak("float32", gpus=[]).flops_per_second
+    assert 1e8 < rate < 3 * nominal  # a product timed before it finished would exceed this
+    measured = doctor.peak("float32", gpus=[], measure=True)
+    assert measured.flops_per_second >= nominal
+    assert measured.flops_per_second >= doctor.matmul_flops("float32") * 0.999
+
+
 def test_this_machine_has_a_clock_and_a_peak():
     ghz, source = doctor.cpu_clock_ghz()
     assert ghz and 0.5 < ghz < 6, source
