@@ -28,8 +28,9 @@ vocabulary 104 as `pydoc_data.topics` by character) at two sizes: `tiny` (the zo
 blocks, d_model 128, 4 heads, context 64) and `8x128` (8 blocks, d_model 128, 4 heads,
 context 256, where activations dominate), trained on constant token windows with the
 language model's loss; `_rc` ones recompute each block (`recompute=True`). Their plan
-comes from `profile_transformer` (the size, not the built layers), as `tfaccel plan
---model=gpt` makes it.
+comes from the traced step like every row's; the closed form (`profile_transformer`,
+the size, not the built layers, as `tfaccel plan --model=gpt` makes it) is printed beside
+it, as a check of the one the 13B what-ifs use.
 """
 
 import os
@@ -114,10 +115,9 @@ def _measure(name):
         x, y = (rng.integers(0, GPT_VOCABULARY, (batch, context)).astype(np.int32)
                 for _ in range(2))
         length = context
-        if recompute:  # the graph counts what crosses the boundary, not a block recomputed
-            profile = memory_profile.profile_transformer(layers, d_model, heads,
-                                                         GPT_VOCABULARY, context, tied=False,
-                                                         half=policy != "float32")
+        profile = memory_profile.profile_transformer(layers, d_model, heads, GPT_VOCABULARY,
+                                                     context, tied=False,
+                                                     half=policy != "float32")
     elif model_name.startswith("hub:"):
         model, x, y = _keras_hub_model(model_name[4:], shape, batch, rng)
         length = shape[3]
@@ -144,7 +144,7 @@ def _measure(name):
     settings = plan.PlanSettings(batch_size=batch, precision=policy, optimizer=optimizer,
                                  grad_accum_steps=accum, recompute=recompute,
                                  input_batches=1)  # one constant batch
-    result = plan.plan_memory(profile or model, settings, sequence_length=length)
+    result = plan.plan_memory(model, settings, sequence_length=length)
     row = {"config": name, "model": model_name, "input_shape": list(shape), "batch": batch,
            "precision": policy, "optimizer": optimizer, "grad_accum_steps": accum,
            "recompute": recompute, "method": result.method.split(" (")[0],
@@ -152,6 +152,8 @@ def _measure(name):
            "count_params": model.count_params(), "measured_peak": int(peak),
            "predicted": int(result.total), "breakdown": result.breakdown,
            "ratio": result.total / peak}
+    if profile:
+        row["closed_form_predicted"] = int(plan.plan_memory(profile, settings).total)
     if FLAGS.measure:
         try:
             c = calibrate.measure_memory(source if source in models.MODELS else model,
@@ -245,6 +247,9 @@ def main(argv):
               f"measured {r['measured_peak'] / 1e6:,.1f} MB (largest of "
               + ", ".join(f"{p / 1e6:,.1f}" for p in r["measured_peaks"])
               + f"), ratio {r['ratio']:.3f} ({r['method']})"
+              + (f"; closed form {r['closed_form_predicted'] / 1e6:,.1f} MB, ratio "
+                 f"{r['closed_form_predicted'] / r['measured_peak']:.3f}"
+                 if "closed_form_predicted" in r else "")
               + (f"; --measure {r['measured_prediction'] / 1e6:,.1f} MB, ratio "
                  f"{r['measured_prediction'] / r['measured_peak']:.3f}"
                  if "measured_prediction" in r else "")
@@ -255,12 +260,15 @@ def main(argv):
         r["smallest measured MB"] = min(r["measured_peaks"]) / 1e6
         r["within 15%"] = LOW <= r["ratio"] <= HIGH
         r["within 20%"] = FAR_LOW <= r["ratio"] <= FAR_HIGH
+        if "closed_form_predicted" in r:
+            r["closed-form ratio"] = r["closed_form_predicted"] / r["measured_peak"]
         if "measured_prediction" in r:
             r["--measure MB"] = r["measured_prediction"] / 1e6
             r["--measure ratio"] = r["measured_prediction"] / r["measured_peak"]
     columns = ["config", "model", "input_shape", "batch", "precision", "optimizer",
                "grad_accum_steps", "recompute", "method", "predicted MB", "measured MB",
-               "smallest measured MB", "ratio", "within 15%", "within 20%"]
+               "smallest measured MB", "ratio", "within 15%", "within 20%",
+               "closed-form ratio"]
     if FLAGS.measure:
         columns += ["--measure MB", "--measure ratio"]
     table = summaries.markdown_table(rows, columns)

@@ -44,6 +44,63 @@ def test_gpt_tiny_traced_matches_its_closed_form_within_2_percent():
     assert traced == pytest.approx(closed, rel=0.02)  # measured: 1.0013
 
 
+class _MaybeRecomputed(keras.layers.Layer):
+    """relu(x @ w1) @ w2 (8 -> 16 -> 8), its forward run again in the backward pass when
+    `recompute` (`tf.recompute_grad`, as the GPT's `RecomputeBlock`)."""
+
+    def __init__(self, recompute, **kwargs):
+        super().__init__(**kwargs)
+        self.recompute = recompute
+
+    def build(self, input_shape):
+        self.w1 = self.add_weight(name="w1", shape=(8, 16))
+        self.w2 = self.add_weight(name="w2", shape=(16, 8))
+
+    def call(self, x):
+        import tensorflow as tf
+
+        def forward(x):
+            return tf.matmul(tf.nn.relu(tf.matmul(x, self.w1)), self.w2)
+        return tf.recompute_grad(forward)(x) if self.recompute else forward(x)
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_recomputed_blocks_tensors_are_a_backward_transient_not_kept(recompute):
+    from tfaccel.performance import utilization
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8),
+                              _MaybeRecomputed(recompute), keras.layers.Dense(2)])
+    graph, _ = utilization.traced_step(model, 4, loss="square")
+    again, largest = memory_graph.recomputed_bytes(graph)
+    kept, _ = memory_graph.saved_bytes(model, 4)
+    if recompute:
+        # made again while the block's gradient runs: the block's input as the recomputation
+        # reads it (8 floats) and the ReLU's output (16), the weights' reads not counted;
+        # kept across the step: the block's input instead of its insides
+        assert (again, largest) == (4 * 4 * (8 + 16), 4 * 4 * 16)
+        assert kept == 4 * 4 * (8 + 8 + 8 + 2)
+    else:
+        assert (again, largest) == (0, 0)
+        assert kept == 4 * 4 * (8 + 8 + 16 + 8 + 2)
+    step = memory_graph.traced_profile(model).layers[0]
+    # the transient: the largest tensor's gradient beside the recomputed block (per example)
+    assert step.output_bytes == (4 * 16 + 4 * (8 + 16) if recompute else 4 * 16)
+
+
+def test_the_recomputing_gpt_plans_its_recomputed_block_as_a_transient():
+    from tfaccel.train import gpt
+
+    shape = dict(vocab_size=104, context=64, layers=4, heads=4, d_model=128)
+    plain, recomputing = (plan.plan_memory(gpt.build_gpt(gpt.GPTConfig(**shape), recompute=rc),
+                                           batch_size=256, sequence_length=64, input_batches=1)
+                          for rc in (False, True))
+    assert recomputing.breakdown["activations"] < plain.breakdown["activations"] / 10
+    # one block's forward tensors (of the four blocks' kept ones) are made again at a time
+    block = (plain.breakdown["activations"] - recomputing.breakdown["activations"]) / 4
+    assert recomputing.breakdown["backward transients"] > 0.8 * block
+    assert recomputing.breakdown["backward transients"] < 1.5 * block
+
+
 def _keras_hub_models():
     return hub_models.gpt2_and_bert(vocabulary_size=1000, layers=2, heads=4, hidden=64,
                                     intermediate=256, max_length=64, num_classes=3)

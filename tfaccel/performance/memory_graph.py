@@ -366,15 +366,55 @@ def _early_update_bytes(ops, last):
     return sum(early.values())
 
 
-def saved_bytes(model, batch_size, sequence_length=None):
-    """(bytes the backward pass keeps, bytes of its largest kept tensor that is not an input of
-    the step) for one training step of `model` at `batch_size` (traced, not run). The
-    largest gives the backward transient, its gradient: the model's inputs get none."""
+_TAPE_GLUE = frozenset(("AddN", "Const", "Fill", "Identity", "IdentityN", "NoOp", "ZerosLike"))
+"""Op types the tape makes outside its name scope without recomputing anything: sums of a
+tensor's gradients, views, zeros for an unused output (seen in the steps of the GPT, CNNs,
+ResNet and MobileNetV2)."""
+
+
+def recomputed_bytes(graph):
+    """(bytes, largest tensor's bytes) of the largest group of forward tensors that the
+    backward pass of `graph` makes again and its gradient ops read: a `tf.recompute_grad`
+    block runs its forward a second time inside the gradient, and what that run keeps is
+    alive, beside the blocks' kept inputs, while the block's gradient runs. The backward's
+    forward ops (outside the tape's scope, but for the glue it makes there: `_TAPE_GLUE`)
+    come in one unbroken run per recomputed block, in creation order between gradient ops;
+    (0, 0) for a step without recomputation."""
+    ops = graph.get_operations()
+    start = next((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
+                 len(ops))
+    group_of, groups, in_run = {}, [], False
+    states = _weight_derived(ops)  # the weights read again, and their casts, are model states
+    for op in ops[start:]:
+        if op.type in _TAPE_GLUE:
+            continue
+        if not op.name.startswith(_GRADIENT_SCOPE):
+            if not in_run:
+                groups.append({})
+                in_run = True
+            group_of[op.name] = len(groups) - 1
+            continue
+        in_run = False
+        for t in op.inputs:
+            t = _buffer(t)
+            if t.op.name in group_of and t.op.type != "Const" and t.name not in states:
+                groups[group_of[t.op.name]][t.name] = _bytes(t)
+    return max(((sum(g.values()), max(g.values(), default=0)) for g in groups), default=(0, 0))
+
+
+def _step_bytes(model, batch_size, sequence_length=None):
     graph, _ = utilization.traced_step(model, batch_size, sequence_length, loss="square")
     kept = saved_tensors(graph)
     made = [n for name, n in kept.items()
             if graph.get_tensor_by_name(name).op.type != "Placeholder"]
-    return sum(kept.values()), max(made, default=0)
+    return sum(kept.values()), max(made, default=0), recomputed_bytes(graph)
+
+
+def saved_bytes(model, batch_size, sequence_length=None):
+    """(bytes the backward pass keeps, bytes of its largest kept tensor that is not an input of
+    the step) for one training step of `model` at `batch_size` (traced, not run). The
+    largest gives the backward transient, its gradient: the model's inputs get none."""
+    return _step_bytes(model, batch_size, sequence_length)[:2]
 
 
 def traced_profile(model, sequence_length=None, batches=TRACE_BATCHES):
@@ -396,11 +436,17 @@ def traced_profile(model, sequence_length=None, batches=TRACE_BATCHES):
     small, large = (int(b) for b in batches)
     if not 0 < small < large:
         raise ConfigError(f"batches={batches}: two increasing positive batch sizes")
-    kept_small, biggest_small = saved_bytes(model, small, sequence_length)
-    kept_large, biggest_large = saved_bytes(model, large, sequence_length)
+    kept_small, biggest_small, (again_small, most_small) = _step_bytes(model, small,
+                                                                       sequence_length)
+    kept_large, biggest_large, (again_large, most_large) = _step_bytes(model, large,
+                                                                       sequence_length)
     per_example = (kept_large - kept_small) / (large - small)
     fixed = max(0, int(round(kept_small - small * per_example)))
+    biggest_large, biggest_small = max(biggest_large, most_large), max(biggest_small, most_small)
     largest = max(0, (biggest_large - biggest_small) // (large - small)) or biggest_large // large
+    # a recomputed block's forward tensors live beside the kept ones while its gradient runs,
+    # and the gradient of its largest tensor is made beside them
+    largest += max(0, (again_large - again_small) // (large - small))
     input_bytes = sum(s.shape.num_elements() // small * s.dtype.size
                       for s in utilization.input_specs(model, small, sequence_length))
     half = any(str(getattr(layer, "compute_dtype", "float32")) in ("float16", "bfloat16")
