@@ -58,6 +58,27 @@ def test_saved_model_round_trip_and_shape_checks(tmp_path):
         models.resolve_model(path, (8, 8, 1), 3)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_saved_gpt_loads_in_a_process_that_never_built_one(tmp_path, recompute):
+    # the memory calibration's children load the model a plan was asked for from a file;
+    # tfaccel's own layers must be known there without importing the GPT first
+    import subprocess
+
+    from tfaccel.train import gpt
+
+    model = gpt.build_gpt(gpt.GPTConfig(vocab_size=20, context=8, layers=1, heads=2,
+                                        d_model=8), recompute=recompute)
+    path = str(tmp_path / "gpt.keras")
+    model.save(path)
+    code = ("import sys; from tfaccel.train import models; "
+            "m = models.load_model_file(sys.argv[1]); "
+            "print(len(m.weights), m.count_params())")
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[:2] == [str(len(model.weights)), str(model.count_params())]
+
+
 def test_missing_or_bad_model_file(tmp_path):
     with pytest.raises(tfaccel.ModelError, match="does not exist"):
         models.resolve_model(str(tmp_path / "nope.keras"), (8, 8, 1), 10)

@@ -23,6 +23,7 @@ from tfaccel import _compat
 from tfaccel.choices import MODELS
 from tfaccel.errors import ModelError, WrongKerasError, first_line
 from tfaccel.keras import bridge, flavour_of, keras, keras_for, saved_flavour
+from tfaccel.train import gpt_layers  # noqa: F401  (registers tfaccel's layers: its files load)
 from tfaccel.train.precision import precision_scope
 from tfaccel.train.schedules import keras3_schedule_class
 
