@@ -74,10 +74,17 @@ class _Output:
         return "\n".join(self.lines)
 
 
-def _start_launcher(args, command):
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _start_launcher(args, command, sigint_ignored=False):
+    """The launcher in a process of its own; `sigint_ignored`: as a script's background job
+    starts it, with SIGINT ignored, which its children inherit unless they reset it."""
     return subprocess.Popen([sys.executable, "-m", "tfaccel.launch", *args, "--", *command],
                             env=_env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_ignore_sigint if sigint_ignored else None)
 
 
 def _kill_group(proc):
@@ -152,7 +159,8 @@ def test_timeout_stops_everything(tmp_path):
     assert out.getvalue().splitlines()[-1] == "launch: failed: timeout after 1.5s"
 
 
-def test_ctrl_c_is_forwarded_to_every_worker(tmp_path):
+@pytest.mark.parametrize("sigint_ignored", [False, True])
+def test_ctrl_c_is_forwarded_to_every_worker(tmp_path, sigint_ignored):
     script = _script(tmp_path, """
 print("ready", flush=True)
 try:
@@ -161,7 +169,7 @@ except KeyboardInterrupt:
     print("worker", INDEX, "got Ctrl-C", flush=True)
     sys.exit(130)
 """)
-    proc = _start_launcher(["--workers", "2", "--timeout", "120"], [script])
+    proc = _start_launcher(["--workers", "2", "--timeout", "120"], [script], sigint_ignored)
     try:
         output = _Output(proc)
         output.wait_for(r"^\[worker 0\] ready", 60)

@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 
 PACKAGES = ("tensorflow", "tf_keras", "tensorflow-model-optimization", "tensorboard", "numpy",
             "ai-edge-litert")
@@ -189,9 +190,7 @@ def matmul_flops(dtype="float32", size=2048, seconds=0.25, device="CPU:0"):
 
         tfaccel.doctor.matmul_flops("float32") / 1e9  # e.g. 459 on a 2-core Zen 5 EPYC
     """
-    import time
-
-    import tensorflow as tf
+    import tensorflow as tf  # deferred: TensorFlow (doctor reports the machine without it)
 
     with tf.device(device):
         a = tf.cast(tf.random.stateless_normal((size, size), (1, 2)), dtype)

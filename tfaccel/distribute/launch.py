@@ -81,6 +81,14 @@ def _describe_exit(code):
     return f"exited with code {code}"
 
 
+def _default_stop_signals():
+    """In a worker, between fork and exec: SIGINT and SIGTERM back to their defaults. A
+    launcher started where SIGINT is ignored (a script's background job, some CI runners)
+    would otherwise hand that on, and the Ctrl-C it forwards would not stop the workers."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class _Workers:
     """The worker processes, their prefixed output, and stopping them."""
 
@@ -91,12 +99,13 @@ class _Workers:
         for i in range(len(ports)):
             worker_env = dict(env, TF_CONFIG=tf_config(ports, i), PYTHONUNBUFFERED="1")
             # A new session: Ctrl-C at the terminal reaches the launcher only, which forwards it.
-            proc = subprocess.Popen(command, env=worker_env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            self.procs.append(subprocess.Popen(
+                command, env=worker_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_default_stop_signals))
+        for i, proc in enumerate(self.procs):  # threads after the forks (see preexec_fn)
             reader = threading.Thread(target=self._pump, args=(i, proc.stdout), daemon=True)
             reader.start()
-            self.procs.append(proc)
             self.readers.append(reader)
 
     def say(self, line):
