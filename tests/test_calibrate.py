@@ -35,7 +35,7 @@ def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts
 
     def child(spec):
         specs.append(spec)
-        return {"peak": next(peaks), "trainable": 10}
+        return {"peak": next(peaks)}
 
     monkeypatch.setattr(calibrate, "_run_child", child)
     settings = plan.PlanSettings(batch_size=1024, optimizer="adam", grad_accum_steps=4,
@@ -43,11 +43,25 @@ def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts
     c = calibrate.measure_memory("mlp", settings, (8, 8, 1), 10, steps=5, repeats=2)
     # one batch per fresh process, the micro-batch's 1/8, 1/4 and 1/2, with the run's settings
     assert [s["batch"] for s in specs] == [32, 64, 128] * 2
-    assert {(s["steps"], s["optimizer"], s["precision"], s["model"]) for s in specs} == {
-        (5, "adam", "mixed_bfloat16", "mlp")}
+    assert {(s["steps"], s["optimizer"], s["precision"], s["model"], s["grad_accum_steps"])
+            for s in specs} == {(5, "adam", "mixed_bfloat16", "mlp", 4)}
     assert c.peaks == {32: 120, 64: 300, 128: 1_000}
     assert c.spread == pytest.approx(0.2)  # 120 / 100 - 1, the largest of the three
     per_example, fixed = calibrate.fit_line(c.peaks)
-    # the micro-batch (256) scaled, plus accumulation's two float32 copies of the gradients
-    assert c.predicted == round(fixed + 256 * per_example) + 8 * 10
-    assert "batches 32, 64, 128" in c.method and "largest peak of 2" in c.method
+    # the micro-batch (256) scaled: each process trained whole batches of 4 micro-batches, so
+    # the accumulator and the batch the dataset yields are in its peaks
+    assert c.predicted == round(fixed + 256 * per_example)
+    assert "batches 32, 64, 128 in batches of 4 micro-batches" in c.method
+    assert "largest peak of 2" in c.method
+
+
+def test_under_accumulation_each_process_trains_whole_batches_of_micro_batches():
+    # the zoo MLP on 32 x 32 x 3 inputs (12 KB an example, few activations): under 4-step
+    # accumulation the dataset yields batches of 4 x 64, which the peak must hold
+    spec = {"model": "mlp", "input_shape": [32, 32, 3], "num_classes": 10,
+            "precision": "float32", "optimizer": "sgd", "sequence_length": None, "steps": 2,
+            "batch": 64}
+    plain = calibrate._run_child(dict(spec, grad_accum_steps=1))["peak"]
+    accumulated = calibrate._run_child(dict(spec, grad_accum_steps=4))["peak"]
+    three_more_inputs = 3 * 64 * 32 * 32 * 3 * 4
+    assert accumulated - plain > three_more_inputs
