@@ -65,3 +65,19 @@ def test_under_accumulation_each_process_trains_whole_batches_of_micro_batches()
     accumulated = calibrate._run_child(dict(spec, grad_accum_steps=4))["peak"]
     three_more_inputs = 3 * 64 * 32 * 32 * 3 * 4
     assert accumulated - plain > three_more_inputs
+
+
+def test_a_keras_hub_causal_lm_is_measured_without_its_own_metrics(tmp_path):
+    # GPT2CausalLM compiles with a token accuracy by default, which would compare its
+    # (batch, length, vocabulary) outputs with the (batch,) labels the child feeds
+    from hub_models import gpt2_and_bert
+
+    gpt2, _ = gpt2_and_bert()
+    path = str(tmp_path / "gpt2.keras")
+    gpt2.save(path)
+    spec = {"model": path, "input_shape": None, "num_classes": None, "precision": "float32",
+            "optimizer": "adam", "sequence_length": 16, "steps": 2, "grad_accum_steps": 1}
+    small, large = (calibrate._run_child(dict(spec, batch=b))["peak"] for b in (2, 8))
+    weights = 4 * gpt2.count_params()
+    assert small > 4 * weights  # weights, gradients and Adam's two slots
+    assert large > small

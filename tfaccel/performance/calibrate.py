@@ -187,7 +187,9 @@ def _child(spec):
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
                                        spec["num_classes"], spec["precision"])
     opt = precisions.wrap_optimizer(_optimizer(spec["optimizer"], model), spec["precision"])
-    model.compile(optimizer=opt, loss=_squared_loss)
+    # no metrics: a KerasHub task's own ("auto") would compare its outputs with labels it
+    # is not given (the planner's loss reads none)
+    model.compile(optimizer=opt, loss=_squared_loss, metrics=[], weighted_metrics=[])
     accumulation = int(spec.get("grad_accum_steps", 1))
     if accumulation > 1:
         from tfaccel.performance import accumulate  # deferred: TensorFlow
