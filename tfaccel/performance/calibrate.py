@@ -173,8 +173,9 @@ def _optimizer(name, model):
 
 
 def _child(spec):
-    """In the fresh process: {'peak': bytes} of `spec`'s model trained by
-    `fit` at `spec['batch']`, measured as `benchmarks/bench_memory.py` measures a run."""
+    """In the fresh process: {'peak': bytes} of `spec`'s model trained by `fit` on
+    micro-batches of `spec['batch']` (`spec['grad_accum_steps']` of them a step), measured
+    as `benchmarks/bench_memory.py` measures a run."""
     from tfaccel.performance import memory  # deferred: TensorFlow, after the allocator is set
 
     memory.use_pooled_host_allocator()

@@ -85,16 +85,20 @@ def _buffer(tensor):
     return tensor
 
 
+def _backward_start(ops):
+    """Index in `ops` (creation order) of the tape's first gradient op: the backward pass is
+    every op from there on, including forward ops a recomputed block makes again inside it."""
+    return next((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
+                len(ops))
+
+
 def saved_tensors(graph):
     """{name: bytes} of the forward tensors of `graph` that its gradient ops read: what the
     backward pass keeps alive (a view counted as its buffer; constants and tensors made from
     the variables alone left to the model states). Dropout's masks count: they are made
     from random numbers of the activation's shape, not from the inputs."""
     ops = graph.get_operations()
-    # the backward pass is every op made from the tape's first gradient op on (in creation
-    # order), including forward ops a recomputed block makes again inside it
-    start = next((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
-                 len(ops))
+    start = _backward_start(ops)
     forward = {op.name for op in ops[:start]}
     states = _weight_derived(ops[:start])
     kept = {}
@@ -381,8 +385,7 @@ def recomputed_bytes(graph):
     come in one unbroken run per recomputed block, in creation order between gradient ops;
     (0, 0) for a step without recomputation."""
     ops = graph.get_operations()
-    start = next((i for i, op in enumerate(ops) if op.name.startswith(_GRADIENT_SCOPE)),
-                 len(ops))
+    start = _backward_start(ops)
     group_of, groups, in_run = {}, [], False
     states = _weight_derived(ops)  # the weights read again, and their casts, are model states
     for op in ops[start:]:
