@@ -307,6 +307,12 @@ def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     assert report["machine"] == doctor.machine_summary()
     rows = {r["config"]: r for r in report["rows"]}
     assert set(rows) == {"cnn_sgd", "gpt_tiny_bf16_b256", "gpt_tiny_f32_b256_rc"}
+    # written after each row as well, so a stopped run keeps the rows it measured
+    so_far = json.loads((out / "bench_memory.rows.json").read_text())
+    assert [r["config"] for r in so_far] == ["cnn_sgd", "gpt_tiny_bf16_b256",
+                                             "gpt_tiny_f32_b256_rc"]
+    assert [r["measured_peak"] for r in so_far] == [rows[r["config"]]["measured_peak"]
+                                                   for r in so_far]
     # oneDNN's AVX2 convolution kernels (no AVX512 on the CPU) hold about 24 MB more than the
     # plan's rules for the CNN at batch 256 (measured on an AMD EPYC: 45.6 MB vs 21.6 planned,
     # 0.47; 1.0-1.18 on AVX512 Xeons): docs/memory.md. The Transformers hold on both.

@@ -212,7 +212,12 @@ def test_measure_returns_the_measured_and_the_planned_number_with_their_methods(
     assert set(c.peaks) == {32, 64, 128} and min(c.peaks.values()) > 0 and c.per_example >= 0
     per_example, fixed = calibrate.fit_line(c.peaks)
     assert (c.per_example, c.fixed) == (per_example, fixed)
-    assert c.predicted == round(c.fixed + 256 * c.per_example)
+    assert c.line == round(c.fixed + 256 * c.per_example)
+    # the graph's plan at 256 shifted by the measured peak's distance from its plan at 128
+    at_128 = plan.plan_memory("mlp", batch_size=128, input_shape=(8, 8, 1), num_classes=10,
+                              input_batches=1).total
+    assert c.graph_shifted == result.total + c.peaks[128] - at_128
+    assert c.predicted == max(c.line, c.graph_shifted)
     assert c.method.startswith("measured") and result.method.startswith("graph")
     assert c.spread >= 0
     text = plan.format_plan(result)

@@ -411,7 +411,7 @@ def plan_memory(profile, settings=None, **kwargs):
     settings = settings or PlanSettings(**kwargs)
     if method not in ("graph", "layers"):
         raise ConfigError(f"method={method!r}: use 'graph' (the traced train step) or 'layers'")
-    model, given = None, profile
+    model, given, at_micro_batch = None, profile, None
     if not isinstance(profile, memory_profile.MemoryProfile):
         settings.checked()  # bad settings are reported before a model is built
         model = memory_profile.built_model(profile, shape, classes, settings.precision)
@@ -419,17 +419,20 @@ def plan_memory(profile, settings=None, **kwargs):
         if method == "graph" and settings.stages == 1:
             from tfaccel.performance import memory_graph  # deferred: TensorFlow
 
-            profile = memory_graph.traced_profile(model, sequence_length)
-            micro = max(1, settings.batch_size // settings.grad_accum_steps)
+            traced = memory_graph.traced_profile(model, sequence_length)
             slot_bytes, update, early = memory_graph.optimizer_update(
                 model, settings.optimizer, settings.precision, sequence_length)
-            slack = memory_graph.pool_slack(model, micro,
-                                            round(slot_bytes / max(1, 4 * profile.trainable)),
-                                            settings.grad_accum_steps > 1, sequence_length)
-            profile = dataclasses.replace(profile, pool_slack_per_example=slack / micro,
-                                          update_optimizer=settings.optimizer,
-                                          optimizer_slot_bytes=slot_bytes, update_bytes=update,
-                                          early_update_bytes=early)
+            traced = dataclasses.replace(traced, update_optimizer=settings.optimizer,
+                                         optimizer_slot_bytes=slot_bytes, update_bytes=update,
+                                         early_update_bytes=early)
+
+            def at_micro_batch(micro):  # the pool's slack is replayed at each batch
+                slack = memory_graph.pool_slack(
+                    model, micro, round(slot_bytes / max(1, 4 * traced.trainable)),
+                    settings.grad_accum_steps > 1, sequence_length)
+                return dataclasses.replace(traced, pool_slack_per_example=slack / micro)
+
+            profile = at_micro_batch(max(1, settings.batch_size // settings.grad_accum_steps))
         else:
             profile = memory_profile.profile_of(model)
     if measure and model is None:
@@ -442,8 +445,16 @@ def plan_memory(profile, settings=None, **kwargs):
     if measure:
         from tfaccel.performance import calibrate  # deferred: a subprocess running TensorFlow
 
+        graph = None
+        if at_micro_batch is not None:  # the graph's plan at each calibration batch too
+            micro = max(1, s.batch_size // s.grad_accum_steps)
+            graph = {micro: total}
+            for b in calibrate.calibration_batches(micro):
+                if b not in graph:
+                    graph[b] = _total(at_micro_batch(b), dataclasses.replace(
+                        s, batch_size=b * s.grad_accum_steps))
         measured = calibrate.measure_memory(given if isinstance(given, str) else model, s,
-                                            shape, classes, sequence_length)
+                                            shape, classes, sequence_length, graph=graph)
     if s.device_memory is None:
         return MemoryPlan(profile.name, profile.parameters, s, parts, total, None, None,
                           method=profile.method, measured=measured)
