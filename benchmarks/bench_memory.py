@@ -11,7 +11,11 @@ warm-up steps, then --steps steps; on a GPU machine the same reading of 'GPU:0')
 measured peak is the largest of the repeats: the order in which TensorFlow runs
 independent ops differs from run to run, and so does the peak (9.2-11.8 MB for one
 digits MLP configuration in five runs, 30-41 MB for one CNN); a plan must cover the
-worst of them (the smallest is in the table too). Beside it,
+worst of them (the smallest is in the table too). After its measured steps each process
+runs two more under TensorFlow's profiler and reads what the allocator held at their peak
+(`step_profile.allocator_peak`): the "allocator slack" column gives, per process, the
+chunks' bytes beyond what the tensors asked for (a request is served whole from a free
+chunk under twice its size), which is most of the spread between processes. Beside it,
 `tfaccel.performance.plan.plan_memory` predicts the same step from the model's layers
 alone, and the table gives both and their ratio. The plan's framework margin is not
 added: it is kept free on a device, not used; and its input is one batch
@@ -99,7 +103,7 @@ def _measure(name):
 
     from tfaccel.errors import TfaccelError
     from tfaccel.keras import keras
-    from tfaccel.performance import accumulate, memory_profile, plan
+    from tfaccel.performance import accumulate, memory_profile, plan, step_profile
     from tfaccel.train import gpt, language_model, models, precision, training
 
     model_name, shape, batch, policy, optimizer, accum, *recompute = CONFIGS[name]
@@ -143,6 +147,11 @@ def _measure(name):
     peak = memory.training_peak_bytes(
         lambda: model.fit(ds, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0), steps=1,
         warmup=0, device=device)
+    try:  # what the allocator held at a peak beyond the tensors' bytes, after the measured steps
+        traced = step_profile.traced_allocator_peak(
+            lambda: model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0), device)
+    except TfaccelError:
+        traced = None
     settings = plan.PlanSettings(batch_size=batch, precision=policy, optimizer=optimizer,
                                  grad_accum_steps=accum, recompute=recompute,
                                  input_batches=1)  # one constant batch
@@ -162,6 +171,8 @@ def _measure(name):
            "count_params": model.count_params(), "measured_peak": int(peak),
            "predicted": int(result.total), "breakdown": result.breakdown,
            "ratio": result.total / peak}
+    if traced is not None:
+        row.update(traced_peak=traced.peak, traced_slack=traced.slack)
     if profile:
         row["closed_form_predicted"] = int(plan.plan_memory(profile, settings).total)
     if measure_error:
@@ -198,6 +209,12 @@ def _keras_hub_model(kind, shape, batch, rng):
     model.compile(optimizer=keras.optimizers.Adam(1e-3),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model, x, y
+
+
+def _percents(fractions):
+    """'7%, 31%, 12%': each process's allocator slack at a traced peak (bytes held beyond the
+    bytes asked for, as a fraction of them); '' when none was traced."""
+    return ", ".join(f"{100 * f:.0f}%" for f in fractions)
 
 
 def judge(rows):
@@ -251,6 +268,8 @@ def main(argv):
         r = dict(runs[0], measured_peaks=[run["measured_peak"] for run in runs])
         r["measured_peak"] = max(r["measured_peaks"])
         r["ratio"] = r["predicted"] / r["measured_peak"]
+        r["traced_slacks"] = [run["traced_slack"] / max(1, run["traced_peak"] - run["traced_slack"])
+                              for run in runs if "traced_slack" in run]
         rows.append(r)
         # the rows so far, so a stopped run keeps them (bench_memory.json comes at the end)
         io.write_json(os.path.join(FLAGS.output_dir, "bench_memory.rows.json"), rows)
@@ -258,6 +277,8 @@ def main(argv):
               f"measured {r['measured_peak'] / 1e6:,.1f} MB (largest of "
               + ", ".join(f"{p / 1e6:,.1f}" for p in r["measured_peaks"])
               + f"), ratio {r['ratio']:.3f} ({r['method']})"
+              + (f"; allocator slack at traced peaks {_percents(r['traced_slacks'])}"
+                 if r["traced_slacks"] else "")
               + (f"; closed form {r['closed_form_predicted'] / 1e6:,.1f} MB, ratio "
                  f"{r['closed_form_predicted'] / r['measured_peak']:.3f}"
                  if "closed_form_predicted" in r else "")
@@ -273,6 +294,7 @@ def main(argv):
         r["smallest measured MB"] = min(r["measured_peaks"]) / 1e6
         r["within 15%"] = LOW <= r["ratio"] <= HIGH
         r["within 20%"] = FAR_LOW <= r["ratio"] <= FAR_HIGH
+        r["allocator slack"] = _percents(r["traced_slacks"])
         if "closed_form_predicted" in r:
             r["closed-form ratio"] = r["closed_form_predicted"] / r["measured_peak"]
         if "measured_prediction" in r:
@@ -283,7 +305,7 @@ def main(argv):
     columns = ["config", "model", "input_shape", "batch", "precision", "optimizer",
                "grad_accum_steps", "recompute", "method", "predicted MB", "measured MB",
                "smallest measured MB", "ratio", "within 15%", "within 20%",
-               "closed-form ratio"]
+               "closed-form ratio", "allocator slack"]
     if FLAGS.measure:
         columns += ["--measure MB", "--measure ratio", "line ratio", "shifted graph ratio"]
     table = summaries.markdown_table(rows, columns)

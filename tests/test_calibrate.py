@@ -1,5 +1,7 @@
 """tfaccel.performance.calibrate: peaks of `fit` at three batches, one fresh process each, fit."""
 
+import dataclasses
+
 import pytest
 
 from tfaccel.errors import ConfigError
@@ -42,14 +44,19 @@ def test_a_keras_3_model_with_two_inputs_is_measured_in_fresh_processes(tmp_path
     # each example keeps at least its 256 hidden floats (and its ReLU's output) in the step
     assert c.per_example >= 4 * 256
     assert c.predicted == round(c.fixed + 512 * c.per_example)
+    # each process traced two more steps: the allocator's chunks beyond the bytes asked for
+    assert set(c.slack) == {64, 128, 256} and all(0 <= f < 1 for f in c.slack.values())
 
 
 def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts(monkeypatch):
     specs, peaks = [], iter([100, 300, 900, 120, 280, 1_000])  # two rounds of 3 batches
 
+    slacks = iter([10, 0, 50, 30, 20, 0])  # bytes beyond the asked; none traced for the last
+
     def child(spec):
         specs.append(spec)
-        return {"peak": next(peaks)}
+        peak, slack = next(peaks), next(slacks)
+        return {"peak": peak, "traced_peak": peak, "slack": slack} if slack else {"peak": peak}
 
     monkeypatch.setattr(calibrate, "_run_child", child)
     settings = plan.PlanSettings(batch_size=1024, optimizer="adam", grad_accum_steps=4,
@@ -61,6 +68,13 @@ def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts
             for s in specs} == {(5, "adam", "mixed_bfloat16", "mlp", 4)}
     assert c.peaks == {32: 120, 64: 300, 128: 1_000}
     assert c.spread == pytest.approx(0.2)  # 120 / 100 - 1, the largest of the three
+    # the largest slack per batch, of the bytes asked for (peak - slack); a process without a
+    # trace adds none
+    assert c.slack == pytest.approx({32: 30 / 90, 64: 20 / 260, 128: 50 / 850})
+    text = plan.format_plan(dataclasses.replace(plan.plan_memory("mlp", settings, input_shape=(
+        8, 8, 1), num_classes=10), measured=c))
+    assert ("at a traced peak the allocator held 6-33% more than the tensors asked for "
+            "(chunks served whole)") in text
     per_example, fixed = calibrate.fit_line(c.peaks)
     # the micro-batch (256) scaled: each process trained whole batches of 4 micro-batches, so
     # the accumulator and the batch the dataset yields are in its peaks

@@ -93,7 +93,8 @@ _EXPORTS = {
     "tfaccel.performance.utilization": [
         "training_flops_per_example", "transformer_flops_per_token", "mfu",
     ],
-    "tfaccel.performance.step_profile": ["ProfileSteps", "op_times"],
+    "tfaccel.performance.step_profile": ["ProfileSteps", "op_times", "traced_allocator_peak",
+                                         "allocator_peak"],
     "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan", "PlanSettings"],
     "tfaccel.performance.memory_profile": ["profile_transformer", "MemoryProfile"],
     "tfaccel.performance.memory": [

@@ -28,6 +28,14 @@ it), bends above the line beyond them: then the graph's plan at the target, shif
 the measured peak's distance from it at the largest batch measured, is the prediction
 (`predict`).
 
+After its measured steps, each process runs `TRACED_STEPS` more under TensorFlow's profiler
+and reads what the allocator held at their peak (`step_profile.allocator_peak`): the bytes
+the tensors asked for and the chunks' slack beyond them (a request is served whole from
+any free chunk under twice its size). `Calibration.slack` keeps the largest slack per
+batch, as a fraction of the bytes asked for: it is how far one process's peak can sit above
+another's for the same step (the zoo CNN at batch 256: 7-31% in ten processes), and so the
+uncertainty of any single measured peak, this prediction's target included.
+
 Which to trust when: the measured prediction includes what the graph cannot see
 (oneDNN's AVX2 convolution workspaces, the order TensorFlow runs independent ops in,
 the allocator's rounding), so on this machine it is the better number; the graph's
@@ -62,6 +70,9 @@ CALIBRATION_FRACTIONS = (8, 4, 2)
 """A calibration runs the target (micro-)batch divided by each of these."""
 CALIBRATION_REPEATS = 3
 """Fresh processes per calibration; the largest peak of each batch counts."""
+TRACED_STEPS = 2
+"""Steps each calibration process runs under the profiler after the measured ones, to read
+the allocator's slack at their peak (`step_profile.allocator_peak`)."""
 _TIMEOUT_S = 900
 
 
@@ -77,6 +88,7 @@ class Calibration:
     spread: float = 0.0  # the largest (largest peak / smallest peak - 1) over the batches
     line: int = 0  # the fit's prediction at the target batch
     graph_shifted: int = 0  # the graph's plan at the target, shifted (0: no graph given)
+    slack: dict = dataclasses.field(default_factory=dict)  # {batch: largest slack / bytes asked}
     method: str = ("measured (model.fit at 1/8, 1/4 and 1/2 of the batch, one fresh process "
                    "each, largest peak of 3 per batch, fit and scaled)")
 
@@ -159,6 +171,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
             "sequence_length": sequence_length, "steps": int(steps),
             "grad_accum_steps": settings.grad_accum_steps}
     runs = {b: [] for b in sorted(set(batches))}
+    slack = {b: [] for b in runs}
     if graph and not set(runs) | {micro} <= set(graph):
         raise ConfigError(f"graph={graph}: give the planned bytes at batches "
                           f"{sorted(set(runs) | {micro})}")
@@ -166,7 +179,11 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
         spec["model"] = _source(model, tmpdir)
         for _ in range(max(1, int(repeats))):
             for b in runs:  # one batch per process: each peak from a pool that served only it
-                runs[b].append(int(_run_child(dict(spec, batch=b))["peak"]))
+                measured = _run_child(dict(spec, batch=b))
+                runs[b].append(int(measured["peak"]))
+                if "slack" in measured:
+                    asked = max(1, measured["traced_peak"] - measured["slack"])
+                    slack[b].append(measured["slack"] / asked)
     peaks = {b: max(p) for b, p in runs.items()}
     spread = max(max(p) / min(p) - 1 for p in runs.values())
     per_example, fixed = fit_line(peaks)
@@ -179,7 +196,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
               + ("; the graph's plan shifted to the largest batch's peak, which is above the "
                  "line" if shifted > line else "; the line" if graph else "") + ")")
     return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread,
-                       line, shifted, method)
+                       line, shifted, {b: max(f) for b, f in slack.items() if f}, method)
 
 
 def _run_child(spec):
@@ -248,7 +265,15 @@ def _child(spec):
     peak = memory.training_peak_bytes(
         lambda: model.fit(dataset, steps_per_epoch=spec["steps"], epochs=1, verbose=0),
         steps=1, warmup=0)
-    return {"peak": peak}
+    from tfaccel.performance import step_profile  # deferred: TensorFlow
+
+    try:  # after the measured steps, so the profiler's work does not touch their peak
+        traced = step_profile.traced_allocator_peak(
+            lambda: model.fit(dataset, steps_per_epoch=TRACED_STEPS, epochs=1, verbose=0),
+            "CPU:0")
+    except ConfigError:  # no trace (a profiler already running): the peak stands alone
+        return {"peak": peak}
+    return {"peak": peak, "traced_peak": traced.peak, "slack": traced.slack}
 
 
 def _weights_into_pool(model):

@@ -470,6 +470,16 @@ def _gb(n):
     return f"{n / GB:,.2f} GB" if abs(n) >= GB / 100 else f"{n / 10**6:,.2f} MB"
 
 
+def _slack_text(slack):
+    """The calibration's allocator slack ({batch: fraction}) as a clause of the plan's text."""
+    if not slack:
+        return ""
+    low, high = min(slack.values()), max(slack.values())
+    span = f"{100 * low:.0f}-{100 * high:.0f}%" if high - low >= 0.005 else f"{100 * high:.0f}%"
+    return (f"; at a traced peak the allocator held {span} more than the tensors asked for "
+            "(chunks served whole), so one process's peak can sit that far above another's")
+
+
 def format_plan(result):
     """The plan as text: the breakdown table, the verdict and the changes that fit."""
     s = result.settings
@@ -489,7 +499,7 @@ def format_plan(result):
         peaks = ", ".join(f"batch {b}: {_gb(p)}" for b, p in c.peaks.items())
         lines += [f"measured: {_gb(c.predicted)} at batch {c.batch_size} ({c.method}; {peaks}; "
                   f"{_gb(c.fixed)} fixed + {_gb(c.per_example)} per example; peaks "
-                  f"{100 * c.spread:.0f}% apart across processes); planned "
+                  f"{100 * c.spread:.0f}% apart across processes{_slack_text(c.slack)}); planned "
                   f"{_gb(result.total)}, ratio {result.total / max(1, c.predicted):.2f}. "
                   "Trust the measured number on this machine (it sees backend workspaces "
                   "and the order ops ran in); the planned one for another device."]
