@@ -109,38 +109,3 @@ def test_a_keras_hub_causal_lm_is_measured_without_its_own_metrics(tmp_path):
     weights = 4 * gpt2.count_params()
     assert small > 4 * weights  # weights, gradients and Adam's two slots
     assert large > small
-
-
-_LOADED_WEIGHTS_IN_POOL = """
-import sys
-from tfaccel.performance import calibrate, memory
-memory.use_pooled_host_allocator()
-import tensorflow as tf
-from tfaccel.train import models
-model = models.load_model_file(sys.argv[1])
-current = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
-before = current()
-calibrate._weights_into_pool(model)
-print(before, current())
-"""
-
-
-@pytest.mark.slow
-def test_weights_a_loaded_model_keeps_outside_the_allocator_are_copied_into_it(tmp_path):
-    # tf_keras's loader leaves a keras.applications ResNet50's weights in buffers TensorFlow's
-    # pooled allocator does not own (0.1 of its 94 MB were in the pool), so a measured peak
-    # would miss them
-    import subprocess
-    import sys
-
-    import tf_keras
-
-    model = tf_keras.applications.ResNet50(input_shape=(32, 32, 3), weights=None, classes=10)
-    path = str(tmp_path / "resnet50.keras")
-    model.save(path)
-    weights = sum(int(v.shape.num_elements()) * 4 for v in model.weights)
-    out = subprocess.run([sys.executable, "-c", _LOADED_WEIGHTS_IN_POOL, path],
-                         capture_output=True, text=True, check=True).stdout
-    before, after = (int(n) for n in out.split())
-    assert before < 0.5 * weights  # what the loader left outside the pool
-    assert after >= weights  # every weight now in it (the old buffers freed)

@@ -100,6 +100,7 @@ _EXPORTS = {
     "tfaccel.performance.memory": [
         "configure_gpu_memory", "use_pooled_host_allocator",
         "pooled_host_allocator_active", "host_allocator", "free_memory", "PeakMemoryLogger",
+        "training_peak_bytes", "weights_into_pool",
     ],
     "tfaccel.performance.diagnose": ["diagnose_input", "InputDiagnosis"],
     "tfaccel.monitor": [

@@ -238,7 +238,7 @@ def _child(spec):
 
     model = memory_profile.built_model(spec["model"], spec["input_shape"],
                                        spec["num_classes"], spec["precision"])
-    _weights_into_pool(model)
+    memory.weights_into_pool(model)  # a loaded model's weights may sit outside the pool
     opt = precisions.wrap_optimizer(_optimizer(spec["optimizer"], model), spec["precision"])
     # no metrics: a KerasHub task's own ("auto") would compare its outputs with labels it
     # is not given (the planner's loss reads none)
@@ -274,19 +274,6 @@ def _child(spec):
     except ConfigError:  # no trace (a profiler already running): the peak stands alone
         return {"peak": peak}
     return {"peak": peak, "traced_peak": traced.peak, "slack": traced.slack}
-
-
-def _weights_into_pool(model):
-    """Copies each of `model`'s weights into a buffer of TensorFlow's allocator.
-
-    A model loaded from a file may keep the arrays it read as its weights' buffers, outside
-    the allocator whose peak is measured: a tf_keras ResNet50 loaded from .keras held 0.1 MB
-    of the allocator for its 94 MB of weights, and its calibration missed them (0.831 of the
-    peak of the same model built in-process). A model built in-process is unchanged."""
-    import tensorflow as tf  # deferred: TensorFlow
-
-    for v in model.weights:
-        v.assign(tf.raw_ops.DeepCopy(x=tf.convert_to_tensor(v)))
 
 
 def _squared_loss(_, outputs):
