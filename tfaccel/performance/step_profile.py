@@ -62,8 +62,9 @@ class ProfileSteps(keras.callbacks.Callback):
     The trace's folder is `logdir`/plugins/profile/<time>/ (`last_trace(logdir)`), so
     `tensorboard --logdir <logdir's parent>` shows it in its Profile tab. After `stop`,
     `printer` gets the op-time table (`op_times`), and `table` keeps it; where the
-    allocator records its allocations (a GPU, or the host's pooled allocator), `printer`
-    also gets the buffers alive at its peak (`allocator_peak`), and `peak` keeps them. If
+    allocator records its allocations (the first GPU's, else the host's pooled allocator),
+    `printer` also gets the buffers alive at its peak (`allocator_peak`), and `peak` keeps
+    them. If
     `fit` ends before `stop`, the trace ends with it.
     """
 
@@ -93,7 +94,7 @@ class ProfileSteps(keras.callbacks.Callback):
         steps = self._step - self.start + 1
         path = last_trace(self.logdir)
         self.table = op_times(path, steps)
-        self.peak = allocator_peak(path)
+        self.peak = allocator_peak(path, _device())
         if self.printer is not None:
             lines = [f"{r['ms_per_step']:9.2f} ms/step {r['share']:6.1%} {r['ops_per_step']:7.1f}"
                      f" ops/step  {r['op']}" for r in self.table[:self.top]]
@@ -143,6 +144,11 @@ def _space(path):
     with open(path, "rb") as f:
         space.ParseFromString(f.read())
     return space
+
+
+def _device():
+    """The device whose allocator a trace is read for: the first GPU, else the CPU."""
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
 
 
 def _allocator_of(device):
@@ -256,7 +262,7 @@ def traced_allocator_peak(run, device=None):
         `memory.use_pooled_host_allocator()` before TensorFlow's first op), or a profiler is
         already running.
     """
-    device = device or ("GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0")
+    device = device or _device()
     with tempfile.TemporaryDirectory() as logdir:
         try:
             tf.profiler.experimental.start(logdir)
