@@ -181,7 +181,7 @@ def _measure(name):
         c = result.measured
         row.update(measured_prediction=c.predicted, measured_line=c.line,
                    measured_graph_shifted=c.graph_shifted, calibration_peaks=c.peaks,
-                   measured_method=c.method)
+                   calibration_slack=c.slack, measured_method=c.method)
     return row
 
 

@@ -298,6 +298,25 @@ def test_bench_tflite_checks_an_existing_report_into_output_dir(tmp_path):
 
 
 @pytest.mark.slow
+def test_bench_memory_measure_calibrates_each_row_and_judges_its_prediction(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("bench_memory", "--configs=mlp_f32_b256_sgd", "--repeats=1", "--steps=2",
+                "--measure", f"--output_dir={out}", timeout=900)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    (r,) = json.loads((out / "bench_memory.json").read_text())["rows"]
+    # the calibration: the micro-batch's 1/8, 1/4 and 1/2, each with its allocator slack
+    assert set(r["calibration_peaks"]) == set(r["calibration_slack"]) == {"32", "64", "128"}
+    assert all(0 <= f < 1 for f in r["calibration_slack"].values())
+    assert r["measured_prediction"] == max(r["measured_line"], r["measured_graph_shifted"])
+    assert r["--measure ratio"] == pytest.approx(r["measured_prediction"] / r["measured_peak"])
+    assert 0.5 < r["--measure ratio"] < 2  # a prediction near the peak, not just positive
+    assert r["measured_method"].startswith("measured (model.fit at batches 32, 64, 128")
+    ok = 0.9 <= r["--measure ratio"] <= 1.1
+    verdict = [ln for ln in proc.stdout.splitlines() if ln.startswith(("PASS", "FAIL"))]
+    assert verdict and f"; --measure: {int(ok)}/1 within 0.9-1.1 (target all)" in verdict[0]
+
+
+@pytest.mark.slow
 def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     out = tmp_path / "out"
     proc = _run("bench_memory", "--configs=cnn_sgd,gpt_tiny_bf16_b256,gpt_tiny_f32_b256_rc",
