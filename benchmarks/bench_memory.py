@@ -181,7 +181,8 @@ def _measure(name):
         c = result.measured
         row.update(measured_prediction=c.predicted, measured_line=c.line,
                    measured_graph_shifted=c.graph_shifted, calibration_peaks=c.peaks,
-                   calibration_slack=c.slack, measured_method=c.method)
+                   calibration_slack=c.slack, calibration_processes=c.processes,
+                   measured_method=c.method)
     return row
 
 
@@ -270,6 +271,7 @@ def main(argv):
         r["ratio"] = r["predicted"] / r["measured_peak"]
         r["traced_slacks"] = [run["traced_slack"] / max(1, run["traced_peak"] - run["traced_slack"])
                               for run in runs if "traced_slack" in run]
+        r["traced_peaks"] = [run["traced_peak"] for run in runs if "traced_peak" in run]
         rows.append(r)
         # the rows so far, so a stopped run keeps them (bench_memory.json comes at the end)
         io.write_json(os.path.join(FLAGS.output_dir, "bench_memory.rows.json"), rows)

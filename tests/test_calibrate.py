@@ -71,6 +71,7 @@ def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts
     # the largest slack per batch, of the bytes asked for (peak - slack); a process without a
     # trace adds none
     assert c.slack == pytest.approx({32: 30 / 90, 64: 20 / 260, 128: 50 / 850})
+    assert c.processes[64] == [{"peak": 300}, {"peak": 280, "traced_peak": 280, "slack": 20}]
     text = plan.format_plan(dataclasses.replace(plan.plan_memory("mlp", settings, input_shape=(
         8, 8, 1), num_classes=10), measured=c))
     assert ("at a traced peak the allocator held 6-33% more than the tensors asked for "

@@ -89,6 +89,7 @@ class Calibration:
     line: int = 0  # the fit's prediction at the target batch
     graph_shifted: int = 0  # the graph's plan at the target, shifted (0: no graph given)
     slack: dict = dataclasses.field(default_factory=dict)  # {batch: largest slack / bytes asked}
+    processes: dict = dataclasses.field(default_factory=dict)  # {batch: [each process's readings]}
     method: str = ("measured (model.fit at 1/8, 1/4 and 1/2 of the batch, one fresh process "
                    "each, largest peak of 3 per batch, fit and scaled)")
 
@@ -171,7 +172,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
             "sequence_length": sequence_length, "steps": int(steps),
             "grad_accum_steps": settings.grad_accum_steps}
     runs = {b: [] for b in sorted(set(batches))}
-    slack = {b: [] for b in runs}
+    slack, processes = {b: [] for b in runs}, {b: [] for b in runs}
     if graph and not set(runs) | {micro} <= set(graph):
         raise ConfigError(f"graph={graph}: give the planned bytes at batches "
                           f"{sorted(set(runs) | {micro})}")
@@ -181,6 +182,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
             for b in runs:  # one batch per process: each peak from a pool that served only it
                 measured = _run_child(dict(spec, batch=b))
                 runs[b].append(int(measured["peak"]))
+                processes[b].append(measured)
                 if "slack" in measured:
                     asked = max(1, measured["traced_peak"] - measured["slack"])
                     slack[b].append(measured["slack"] / asked)
@@ -196,7 +198,8 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
               + ("; the graph's plan shifted to the largest batch's peak, which is above the "
                  "line" if shifted > line else "; the line" if graph else "") + ")")
     return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread,
-                       line, shifted, {b: max(f) for b, f in slack.items() if f}, method)
+                       line, shifted, {b: max(f) for b, f in slack.items() if f}, processes,
+                       method)
 
 
 def _run_child(spec):
