@@ -76,6 +76,7 @@ def test_each_batch_is_measured_in_its_own_processes_and_its_largest_peak_counts
         8, 8, 1), num_classes=10), measured=c))
     assert ("at a traced peak the allocator held 6-33% more than the tensors asked for "
             "(chunks served whole)") in text
+    assert f"+ {c.per_example / 1e3:,.2f} KB per example" in text  # not "0.00 MB"
     per_example, fixed = calibrate.fit_line(c.peaks)
     # the micro-batch (256) scaled: each process trained whole batches of 4 micro-batches, so
     # the accumulator and the batch the dataset yields are in its peaks

@@ -470,6 +470,11 @@ def _gb(n):
     return f"{n / GB:,.2f} GB" if abs(n) >= GB / 100 else f"{n / 10**6:,.2f} MB"
 
 
+def _per_example(n):
+    """Bytes per example: in KB below 10 KB (a small model's 2 KB would read 0.00 MB)."""
+    return f"{n / 1e3:,.2f} KB" if abs(n) < 10**4 else _gb(n)
+
+
 def _slack_text(slack):
     """The calibration's allocator slack ({batch: fraction}) as a clause of the plan's text."""
     if not slack:
@@ -498,7 +503,7 @@ def format_plan(result):
     if c is not None:
         peaks = ", ".join(f"batch {b}: {_gb(p)}" for b, p in c.peaks.items())
         lines += [f"measured: {_gb(c.predicted)} at batch {c.batch_size} ({c.method}; {peaks}; "
-                  f"{_gb(c.fixed)} fixed + {_gb(c.per_example)} per example; peaks "
+                  f"{_gb(c.fixed)} fixed + {_per_example(c.per_example)} per example; peaks "
                   f"{100 * c.spread:.0f}% apart across processes{_slack_text(c.slack)}); planned "
                   f"{_gb(result.total)}, ratio {result.total / max(1, c.predicted):.2f}. "
                   "Trust the measured number on this machine (it sees backend workspaces "
