@@ -260,6 +260,7 @@ def main(argv):
     if FLAGS.measure_one:
         return _cli.print_result(_measure(FLAGS.measure_one))
     from tfaccel import doctor, io, plots, summaries
+    from tfaccel.performance import calibrate
 
     rows = []
     for i, name in enumerate(FLAGS.configs):
@@ -269,9 +270,12 @@ def main(argv):
         r = dict(runs[0], measured_peaks=[run["measured_peak"] for run in runs])
         r["measured_peak"] = max(r["measured_peaks"])
         r["ratio"] = r["predicted"] / r["measured_peak"]
-        r["traced_slacks"] = [run["traced_slack"] / max(1, run["traced_peak"] - run["traced_slack"])
-                              for run in runs if "traced_slack" in run]
-        r["traced_peaks"] = [run["traced_peak"] for run in runs if "traced_peak" in run]
+        traced = [run for run in runs if "traced_slack" in run]
+        r["traced_peaks"] = [run["traced_peak"] for run in traced]
+        r["traced_slacks"] = [calibrate.slack_share(run["traced_peak"], run["traced_slack"])
+                              for run in traced]
+        for key in ("traced_peak", "traced_slack"):  # the first process's: in the lists above
+            r.pop(key, None)
         rows.append(r)
         # the rows so far, so a stopped run keeps them (bench_memory.json comes at the end)
         io.write_json(os.path.join(FLAGS.output_dir, "bench_memory.rows.json"), rows)

@@ -88,10 +88,23 @@ class Calibration:
     spread: float = 0.0  # the largest (largest peak / smallest peak - 1) over the batches
     line: int = 0  # the fit's prediction at the target batch
     graph_shifted: int = 0  # the graph's plan at the target, shifted (0: no graph given)
-    slack: dict = dataclasses.field(default_factory=dict)  # {batch: largest slack / bytes asked}
     processes: dict = dataclasses.field(default_factory=dict)  # {batch: [each process's readings]}
     method: str = ("measured (model.fit at 1/8, 1/4 and 1/2 of the batch, one fresh process "
                    "each, largest peak of 3 per batch, fit and scaled)")
+
+    @property
+    def slack(self):
+        """{batch: the largest allocator slack among its processes' traced peaks, as a share of
+        the bytes asked for (`slack_share`)}; batches without a trace are left out."""
+        shares = {b: [slack_share(r["traced_peak"], r["slack"]) for r in readings if "slack" in r]
+                  for b, readings in self.processes.items()}
+        return {b: max(s) for b, s in shares.items() if s}
+
+
+def slack_share(traced_peak, slack):
+    """The allocator's slack at a traced peak as a share of the bytes asked for (the peak less
+    the slack): how much more the chunks held than the tensors needed."""
+    return slack / max(1, traced_peak - slack)
 
 
 def _source(model, tmpdir):
@@ -171,21 +184,16 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
             "precision": settings.precision, "optimizer": settings.optimizer,
             "sequence_length": sequence_length, "steps": int(steps),
             "grad_accum_steps": settings.grad_accum_steps}
-    runs = {b: [] for b in sorted(set(batches))}
-    slack, processes = {b: [] for b in runs}, {b: [] for b in runs}
-    if graph and not set(runs) | {micro} <= set(graph):
+    processes = {b: [] for b in sorted(set(batches))}
+    if graph and not set(processes) | {micro} <= set(graph):
         raise ConfigError(f"graph={graph}: give the planned bytes at batches "
-                          f"{sorted(set(runs) | {micro})}")
+                          f"{sorted(set(processes) | {micro})}")
     with tempfile.TemporaryDirectory() as tmpdir:
         spec["model"] = _source(model, tmpdir)
         for _ in range(max(1, int(repeats))):
-            for b in runs:  # one batch per process: each peak from a pool that served only it
-                measured = _run_child(dict(spec, batch=b))
-                runs[b].append(int(measured["peak"]))
-                processes[b].append(measured)
-                if "slack" in measured:
-                    asked = max(1, measured["traced_peak"] - measured["slack"])
-                    slack[b].append(measured["slack"] / asked)
+            for b in processes:  # one batch per process: a pool that served only it
+                processes[b].append(_run_child(dict(spec, batch=b)))
+    runs = {b: [int(r["peak"]) for r in readings] for b, readings in processes.items()}
     peaks = {b: max(p) for b, p in runs.items()}
     spread = max(max(p) / min(p) - 1 for p in runs.values())
     per_example, fixed = fit_line(peaks)
@@ -198,8 +206,7 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
               + ("; the graph's plan shifted to the largest batch's peak, which is above the "
                  "line" if shifted > line else "; the line" if graph else "") + ")")
     return Calibration(peaks, per_example, fixed, settings.batch_size, predicted, spread,
-                       line, shifted, {b: max(f) for b, f in slack.items() if f}, processes,
-                       method)
+                       line, shifted, processes, method)
 
 
 def _run_child(spec):
