@@ -1,5 +1,12 @@
 """tfaccel.performance.memory_pool: the pooled (BFC) allocator's rules, replayed."""
 
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tfaccel.errors import ConfigError
 from tfaccel.performance import memory_pool
 from tfaccel.performance.memory_pool import PoolSimulator
 
@@ -53,3 +60,71 @@ def test_training_peaks_count_the_slack_beyond_the_bytes_asked_for():
     # a persistent buffer made first is in use at the reset, so in both peaks
     pool, exact = memory_pool.training_peaks([MiB], step, warmup=1, steps=2)
     assert exact == 5 * MiB and pool >= exact
+
+
+def _tie_then_merge(descending):
+    """Two free 1 MiB chunks, one per region, then a 600 KB request (served whole from one),
+    then the first region's other 1 MiB freed and 1.5 MiB asked for: it fits only where the
+    freed neighbours merged, i.e. if the 600 KB went to the second region."""
+    pool = PoolSimulator(descending=descending)
+    a, b = pool.allocate(MiB), pool.allocate(MiB)  # fill the first region (2 MiB)
+    c = pool.allocate(MiB)  # a second region (4 MiB), split
+    pool.allocate(3 * MiB)  # its rest, whole
+    pool.free(a)
+    pool.free(c)
+    pool.allocate(600 << 10)  # a tie: two free 1 MiB chunks
+    pool.free(b)
+    pool.allocate(3 * MiB // 2)
+    return pool
+
+
+def test_a_tie_between_free_chunks_of_one_size_goes_to_the_newest_region():
+    # the host's regions lie at ever lower addresses and the lower address wins a tie
+    pool = _tie_then_merge(descending=True)
+    assert pool.regions == [2 * MiB, 4 * MiB] and pool.in_use == 2 * MiB + 4 * MiB
+    # rising regions: the first region's chunk is taken, nothing merges, an 8 MiB region grows
+    rising = _tie_then_merge(descending=False)
+    assert rising.regions == [2 * MiB, 4 * MiB, 8 * MiB] and rising.in_use == 11 * MiB // 2
+
+
+def test_a_replay_refuses_a_trace_that_starts_with_bytes_in_use():
+    events = [{"allocated": True, "address": 16, "requested": 100, "held": 256, "in_use": 4352}]
+    with pytest.raises(ConfigError, match="starts with 4,352 bytes in use: replay a trace "
+                       "started before"):
+        memory_pool.replay_allocations(events)
+
+
+_WHOLE_PROCESS = """
+import json, sys
+from tfaccel.performance import memory
+memory.use_pooled_host_allocator()
+import numpy as np, tensorflow as tf
+tf.profiler.experimental.start(sys.argv[1])
+from tfaccel.performance import memory_pool, step_profile
+from tfaccel.train import models, training
+model = models.build_model("cnn", (8, 8, 1), 10)
+training.compile_classifier(model, training.make_optimizer("sgd", 1e-3))
+x = np.random.default_rng(0).random((128, 8, 8, 1), dtype=np.float32)
+ds = tf.data.Dataset.from_tensors((x, np.arange(128) % 10)).repeat()
+model.fit(ds, steps_per_epoch=3, epochs=1, verbose=0)
+peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+tf.profiler.experimental.stop()
+events = step_profile.allocation_events(step_profile.last_trace(sys.argv[1]))
+pool, held = memory_pool.replay_allocations(events)
+real = [e["held"] for e in events if e["allocated"]]
+print(json.dumps({"peak": peak, "replayed_peak": pool.peak, "allocations": len(real),
+                  "differ": sum(h != r for h, r in zip(held, real)),
+                  "in_use": pool.in_use, "real_in_use": events[-1]["in_use"]}))
+"""
+
+
+def test_a_replayed_process_gets_the_chunks_the_real_allocator_handed_out(tmp_path):
+    # a fresh process under the pooled host allocator, traced from before its first op:
+    # building, compiling and training the zoo CNN, hundreds of allocations
+    proc = subprocess.run([sys.executable, "-c", _WHOLE_PROCESS, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["allocations"] > 300, got
+    assert got["differ"] == 0, got
+    assert got["replayed_peak"] == got["peak"] and got["in_use"] == got["real_in_use"], got

@@ -94,7 +94,8 @@ _EXPORTS = {
         "training_flops_per_example", "transformer_flops_per_token", "mfu",
     ],
     "tfaccel.performance.step_profile": ["ProfileSteps", "op_times", "traced_allocator_peak",
-                                         "allocator_peak"],
+                                         "allocator_peak", "allocation_events"],
+    "tfaccel.performance.memory_pool": ["PoolSimulator", "replay_allocations"],
     "tfaccel.performance.plan": ["plan_memory", "MemoryPlan", "format_plan", "PlanSettings"],
     "tfaccel.performance.memory_profile": ["profile_transformer", "MemoryProfile"],
     "tfaccel.performance.memory": [

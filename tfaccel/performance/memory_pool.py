@@ -8,7 +8,9 @@ that holds it (bins of sizes 256 x 2^k, best fit in a bin); that chunk is split 
 when it is at least twice the request, so a 4 MB tensor may take a free 7.9 MB chunk
 whole. When nothing fits, the pool grows by a new region (2 MiB at first, each next one
 twice the last, or the request's size rounded up by doublings); chunks of different
-regions never merge. The peak the allocator reports
+regions never merge. Between free chunks of one size the lower address wins; the host's
+regions come from the system allocator at ever lower addresses (a fresh process's four
+regions, 2-16 MiB, measured), so a tie goes to the newest region. The peak the allocator reports
 (`tf.config.experimental.get_memory_info(...)["peak"]`) therefore exceeds the peak of
 the tensors alive at once by the chunks' slack, and which chunks are free when a large
 tensor arrives depends on what ran before: measured under TensorFlow's profiler, the
@@ -19,7 +21,10 @@ zoo CNN's step at batch 512 held a [512, 8, 8, 32] float32 tensor (4.19 MB) in a
 peak in-use bytes; `memory_graph` feeds it a training step's buffers in the order the
 graph makes them. It is a model of the allocator's rules, not of TensorFlow's op
 scheduling: the real order varies from run to run (independent ops run in parallel),
-and so does the real peak.
+and so does the real peak. Given the real sequence, it is exact: `replay_allocations`
+replays a profiler trace of a whole process (`step_profile.allocation_events`), and every
+chunk it hands out is the size the real allocator handed out (tests/test_memory_pool.py
+checks this on a fresh process training the zoo CNN).
 
 Example:
 
@@ -34,6 +39,8 @@ Example:
 
 import bisect
 import dataclasses
+
+from tfaccel.errors import ConfigError
 
 MIN_ALLOCATION = 256
 """Requests are rounded up to a multiple of this (kMinAllocationSize)."""
@@ -64,17 +71,22 @@ class _Chunk:
 
 class PoolSimulator:
     """The BFC allocator's bookkeeping for a sequence of `allocate`/`free` calls: the bytes in
-    use (chunk sizes, as the allocator counts them), their peak and the regions grown."""
+    use (chunk sizes, as the allocator counts them), their peak and the regions grown.
 
-    def __init__(self, first_region=FIRST_REGION):
+    `descending`: each new region lies below the last, as the host's do (a tie between
+    free chunks of one size goes to the newest region); False for regions at rising
+    addresses."""
+
+    def __init__(self, first_region=FIRST_REGION, descending=True):
         self.next_region = int(first_region)
+        self.descending = bool(descending)
         self.regions = []
         self.in_use = 0
         self.peak = 0
         self._chunks = {}  # start -> _Chunk (every chunk, by address)
         self._starts = []  # sorted chunk starts
         self._bins = [[] for _ in range(BINS)]  # sorted (size, start) of free chunks
-        self._top = 0  # the next region's address
+        self._top = 1 << 60 if self.descending else 0  # where the next region starts or ends
 
     def reset_peak(self):
         """Starts a new peak from what is in use now (`reset_memory_stats`)."""
@@ -101,9 +113,12 @@ class PoolSimulator:
         region = self.next_region
         if not grew:
             self.next_region *= 2
+        if self.descending:
+            self._top -= region + MIN_ALLOCATION  # a gap: regions never merge
         chunk = _Chunk(self._top, region, len(self.regions))
         self.regions.append(region)
-        self._top += region + MIN_ALLOCATION  # a gap: regions never merge
+        if not self.descending:
+            self._top += region + MIN_ALLOCATION
         self._insert(chunk)
         self._add_free(chunk)
 
@@ -132,6 +147,10 @@ class PoolSimulator:
         self.peak = max(self.peak, self.in_use)
         return chunk.start
 
+    def size_at(self, address):
+        """The bytes of the chunk at `address` (an allocation's, as `in_use` counts it)."""
+        return self._chunks[address].size
+
     def _neighbour(self, chunk, step):
         i = bisect.bisect_left(self._starts, chunk.start) + step
         if 0 <= i < len(self._starts):
@@ -158,6 +177,47 @@ class PoolSimulator:
             del self._starts[bisect.bisect_left(self._starts, chunk.start)]
             chunk = before
         self._add_free(chunk)
+
+
+def slack_share(peak, slack):
+    """The pool's slack at a peak as a share of the bytes asked for (the peak less the slack):
+    how much more the chunks held than the tensors needed. Buffers whose chunks are not
+    known (held from before a trace) count as asked for."""
+    return slack / max(1, peak - slack)
+
+
+def replay_allocations(events, first_region=FIRST_REGION):
+    """(pool, held): the allocations and frees of a real allocator's trace replayed through
+    `PoolSimulator`, and the chunk bytes it handed out for each allocation, in order.
+
+    `events` are dicts as `step_profile.allocation_events` reads them from a profiler
+    trace: ``allocated``, ``address`` (the real one, to pair a free with its allocation),
+    ``requested``. Why: it checks the simulator against the allocator it models (each
+    ``held`` should equal the trace's own), and answers what-ifs on a real run's sequence.
+    The trace must start with the pool empty: start the profiler before the process's
+    first TensorFlow op.
+
+    Example:
+
+        events = step_profile.allocation_events(step_profile.last_trace(logdir))
+        pool, held = memory_pool.replay_allocations(events)
+        print(pool.peak, sum(h != e["held"] for h, e in zip(
+            held, [e for e in events if e["allocated"]])))   # <peak> 0
+    """
+    events = list(events)
+    if events and events[0].get("in_use", events[0].get("held")) != events[0].get("held"):
+        raise ConfigError(f"the trace starts with {events[0]['in_use']:,} bytes in use: replay "
+                          "a trace started before the allocator's first allocation (start the "
+                          "profiler before the first TensorFlow op)")
+    pool, addresses, held = PoolSimulator(first_region), {}, []
+    for event in events:
+        if event["allocated"]:
+            start = pool.allocate(event["requested"])
+            addresses[event["address"]] = start
+            held.append(pool.size_at(start))
+        elif event["address"] in addresses:
+            pool.free(addresses.pop(event["address"]))
+    return pool, held
 
 
 def training_peaks(persistent, step, created_after_first_step=(), warmup=2, steps=3):
