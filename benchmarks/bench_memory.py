@@ -260,7 +260,7 @@ def main(argv):
     if FLAGS.measure_one:
         return _cli.print_result(_measure(FLAGS.measure_one))
     from tfaccel import doctor, io, plots, summaries
-    from tfaccel.performance import calibrate
+    from tfaccel.performance import memory_pool
 
     rows = []
     for i, name in enumerate(FLAGS.configs):
@@ -272,7 +272,7 @@ def main(argv):
         r["ratio"] = r["predicted"] / r["measured_peak"]
         traced = [run for run in runs if "traced_slack" in run]
         r["traced_peaks"] = [run["traced_peak"] for run in traced]
-        r["traced_slacks"] = [calibrate.slack_share(run["traced_peak"], run["traced_slack"])
+        r["traced_slacks"] = [memory_pool.slack_share(run["traced_peak"], run["traced_slack"])
                               for run in traced]
         for key in ("traced_peak", "traced_slack"):  # the first process's: in the lists above
             r.pop(key, None)

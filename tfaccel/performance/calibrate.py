@@ -65,6 +65,7 @@ import sys
 import tempfile
 
 from tfaccel.errors import ConfigError, ModelError
+from tfaccel.performance import memory_pool
 
 CALIBRATION_FRACTIONS = (8, 4, 2)
 """A calibration runs the target (micro-)batch divided by each of these."""
@@ -95,16 +96,12 @@ class Calibration:
     @property
     def slack(self):
         """{batch: the largest allocator slack among its processes' traced peaks, as a share of
-        the bytes asked for (`slack_share`)}; batches without a trace are left out."""
-        shares = {b: [slack_share(r["traced_peak"], r["slack"]) for r in readings if "slack" in r]
+        the bytes asked for (`memory_pool.slack_share`)}; batches without a trace are left
+        out."""
+        shares = {b: [memory_pool.slack_share(r["traced_peak"], r["slack"])
+                      for r in readings if "slack" in r]
                   for b, readings in self.processes.items()}
         return {b: max(s) for b, s in shares.items() if s}
-
-
-def slack_share(traced_peak, slack):
-    """The allocator's slack at a traced peak as a share of the bytes asked for (the peak less
-    the slack): how much more the chunks held than the tensors needed."""
-    return slack / max(1, traced_peak - slack)
 
 
 def _source(model, tmpdir):

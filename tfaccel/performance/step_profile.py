@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tfaccel.errors import ConfigError
 from tfaccel.keras import keras
+from tfaccel.performance import memory_pool
 
 _WRAPPERS = ("Process", "ExecutorDoneCallback", "Start")  # executor events enclosing the ops
 
@@ -234,6 +235,13 @@ class AllocatorPeak:
         """Bytes their chunks hold beyond what they asked for."""
         return sum(b.held - b.requested for b in self.buffers)
 
+    @property
+    def slack_share(self):
+        """The slack as a share of the bytes asked for at the peak, those held from before
+        the trace counted as asked for (`memory_pool.slack_share`, as the calibration and
+        `benchmarks/bench_memory.py` report it)."""
+        return memory_pool.slack_share(self.peak, self.slack)
+
 
 def allocator_peak(path, device="CPU:0"):
     """The buffers alive when `device`'s allocator peaked in the trace at `path` (`AllocatorPeak`),
@@ -287,7 +295,7 @@ def format_allocator_peak(peak, top=8):
     lines = [f"allocator peak {peak.peak / mb:,.2f} MB: {peak.before / mb:,.2f} MB held from "
              f"before the trace, {peak.requested / mb:,.2f} MB asked for by {len(peak.buffers)} "
              f"buffers made in it, held in chunks {peak.slack / mb:,.2f} MB larger "
-             f"({peak.slack / max(1, peak.requested):.0%}: a chunk under twice a request is "
+             f"({peak.slack_share:.0%} of all asked for: a chunk under twice a request is "
              "served whole)"]
     lines += [f"{b.held / mb:10.2f} MB held {b.requested / mb:10.2f} MB asked  {b.op} {b.shape}"
               for b in peak.buffers[:top]]
