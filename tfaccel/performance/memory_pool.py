@@ -75,7 +75,8 @@ class PoolSimulator:
 
     `descending`: each new region lies below the last, as the host's do (a tie between
     free chunks of one size goes to the newest region); False for regions at rising
-    addresses."""
+    addresses. A GPU's regions come from its driver; their direction is not measured here,
+    and the plan replays them as the host's."""
 
     def __init__(self, first_region=FIRST_REGION, descending=True):
         self.next_region = int(first_region)
