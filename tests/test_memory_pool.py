@@ -99,6 +99,9 @@ import json, sys
 from tfaccel.performance import memory
 memory.use_pooled_host_allocator()
 import numpy as np, tensorflow as tf
+if sys.argv[2] == "heap":  # a large array freed: glibc serves the pool's regions from its heap
+    big = np.ones(2_000_000)
+    del big
 tf.profiler.experimental.start(sys.argv[1])
 from tfaccel.performance import memory_pool, step_profile
 from tfaccel.train import models, training
@@ -112,19 +115,25 @@ tf.profiler.experimental.stop()
 events = step_profile.allocation_events(step_profile.last_trace(sys.argv[1]))
 pool, held = memory_pool.replay_allocations(events)
 real = [e["held"] for e in events if e["allocated"]]
+starts = pool.region_starts
 print(json.dumps({"peak": peak, "replayed_peak": pool.peak, "allocations": len(real),
                   "differ": sum(h != r for h, r in zip(held, real)),
-                  "in_use": pool.in_use, "real_in_use": events[-1]["in_use"]}))
+                  "in_use": pool.in_use, "real_in_use": events[-1]["in_use"],
+                  "falling": all(b < a for a, b in zip(starts, starts[1:])),
+                  "rising": all(b > a for a, b in zip(starts, starts[1:]))}))
 """
 
 
-def test_a_replayed_process_gets_the_chunks_the_real_allocator_handed_out(tmp_path):
-    # a fresh process under the pooled host allocator, traced from before its first op:
-    # building, compiling and training the zoo CNN, hundreds of allocations
-    proc = subprocess.run([sys.executable, "-c", _WHOLE_PROCESS, str(tmp_path)],
+@pytest.mark.parametrize("memory,direction", [("fresh", "falling"), ("heap", "rising")])
+def test_a_replayed_process_gets_the_chunks_the_real_allocator_handed_out(tmp_path, memory,
+                                                                          direction):
+    # a process under the pooled host allocator, traced from before its first op: building,
+    # compiling and training the zoo CNN, hundreds of allocations. Its regions are mapped
+    # at falling addresses, or, after a freed 16 MB array, come from the heap, rising
+    proc = subprocess.run([sys.executable, "-c", _WHOLE_PROCESS, str(tmp_path), memory],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["allocations"] > 300, got
+    assert got["allocations"] > 300 and got[direction], got
     assert got["differ"] == 0, got
     assert got["replayed_peak"] == got["peak"] and got["in_use"] == got["real_in_use"], got

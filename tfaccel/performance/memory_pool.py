@@ -8,9 +8,9 @@ that holds it (bins of sizes 256 x 2^k, best fit in a bin); that chunk is split 
 when it is at least twice the request, so a 4 MB tensor may take a free 7.9 MB chunk
 whole. When nothing fits, the pool grows by a new region (2 MiB at first, each next one
 twice the last, or the request's size rounded up by doublings); chunks of different
-regions never merge. Between free chunks of one size the lower address wins; the host's
-regions come from the system allocator at ever lower addresses (a fresh process's four
-regions, 2-16 MiB, measured), so a tie goes to the newest region. The peak the allocator reports
+regions never merge. Between free chunks of one size the lower address wins; a fresh
+host process's regions come from the system allocator at ever lower addresses (its
+regions of 2-16 MiB, measured), so a tie goes to the newest region. The peak the allocator reports
 (`tf.config.experimental.get_memory_info(...)["peak"]`) therefore exceeds the peak of
 the tensors alive at once by the chunks' slack, and which chunks are free when a large
 tensor arrives depends on what ran before: measured under TensorFlow's profiler, the
@@ -73,15 +73,19 @@ class PoolSimulator:
     """The BFC allocator's bookkeeping for a sequence of `allocate`/`free` calls: the bytes in
     use (chunk sizes, as the allocator counts them), their peak and the regions grown.
 
-    `descending`: each new region lies below the last, as the host's do (a tie between
-    free chunks of one size goes to the newest region); False for regions at rising
-    addresses. A GPU's regions come from its driver; their direction is not measured here,
-    and the plan replays them as the host's."""
+    `descending`: each new region lies below the last (a tie between free chunks of one
+    size goes to the newest region), as the host's do when glibc's malloc maps them (at or
+    above its mmap threshold: 128 KiB in a fresh process); False for regions at rising
+    addresses, as a process that freed a large array first gets them (glibc then raises
+    the threshold and serves the regions from its heap; measured after a freed 16 MB
+    array). A GPU's regions come from its driver; their direction is not measured here,
+    and the plan replays them as a fresh host process's."""
 
     def __init__(self, first_region=FIRST_REGION, descending=True):
         self.next_region = int(first_region)
         self.descending = bool(descending)
         self.regions = []
+        self.region_starts = []  # each region's address, in the order they grew
         self.in_use = 0
         self.peak = 0
         self._chunks = {}  # start -> _Chunk (every chunk, by address)
@@ -106,7 +110,7 @@ class PoolSimulator:
         self._chunks[chunk.start] = chunk
         bisect.insort(self._starts, chunk.start)
 
-    def _extend(self, size):
+    def _extend(self, size, at=None):
         grew = False
         while size > self.next_region:
             self.next_region *= 2
@@ -114,11 +118,15 @@ class PoolSimulator:
         region = self.next_region
         if not grew:
             self.next_region *= 2
-        if self.descending:
+        if at is not None and any(start < at + region and at < start + span for start, span
+                                  in zip(self.region_starts, self.regions)):
+            at = None  # overlaps a region already grown (a replay that diverged): laid out anew
+        if at is None and self.descending:
             self._top -= region + MIN_ALLOCATION  # a gap: regions never merge
-        chunk = _Chunk(self._top, region, len(self.regions))
+        chunk = _Chunk(self._top if at is None else int(at), region, len(self.regions))
         self.regions.append(region)
-        if not self.descending:
+        self.region_starts.append(chunk.start)
+        if at is None and not self.descending:
             self._top += region + MIN_ALLOCATION
         self._insert(chunk)
         self._add_free(chunk)
@@ -131,12 +139,14 @@ class PoolSimulator:
                 return self._chunks[b[i][1]]
         return None
 
-    def allocate(self, nbytes):
-        """Serves `nbytes`; returns the chunk's address (to `free`)."""
+    def allocate(self, nbytes, region_at=None):
+        """Serves `nbytes`; returns the chunk's address (to `free`). `region_at`: where a new
+        region lies if this request needs one (a replayed trace's real address: its first
+        chunk starts the region)."""
         size = rounded(nbytes)
         chunk = self._find(size)
         if chunk is None:
-            self._extend(size)
+            self._extend(size, region_at)
             chunk = self._find(size)
         self._remove_free(chunk)
         if chunk.size >= 2 * size or chunk.size - size >= MAX_SLACK:
@@ -193,10 +203,12 @@ def replay_allocations(events, first_region=FIRST_REGION):
 
     `events` are dicts as `step_profile.allocation_events` reads them from a profiler
     trace: ``allocated``, ``address`` (the real one, to pair a free with its allocation),
-    ``requested``. Why: it checks the simulator against the allocator it models (each
-    ``held`` should equal the trace's own), and answers what-ifs on a real run's sequence.
-    The trace must start with the pool empty: start the profiler before the process's
-    first TensorFlow op.
+    ``requested``. Each region the replay grows is placed at the real address of the
+    allocation that needed it (its first chunk starts the region), so ties between free
+    chunks break as they did in the run, whichever way its regions were laid out. Why: it
+    checks the simulator against the allocator it models (each ``held`` should equal the
+    trace's own), and answers what-ifs on a real run's sequence. The trace must start
+    with the pool empty: start the profiler before the process's first TensorFlow op.
 
     Example:
 
@@ -213,7 +225,7 @@ def replay_allocations(events, first_region=FIRST_REGION):
     pool, addresses, held = PoolSimulator(first_region), {}, []
     for event in events:
         if event["allocated"]:
-            start = pool.allocate(event["requested"])
+            start = pool.allocate(event["requested"], region_at=event["address"])
             addresses[event["address"]] = start
             held.append(pool.size_at(start))
         elif event["address"] in addresses:
