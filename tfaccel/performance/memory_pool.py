@@ -10,7 +10,8 @@ whole. When nothing fits, the pool grows by a new region (2 MiB at first, each n
 twice the last, or the request's size rounded up by doublings); chunks of different
 regions never merge. Between free chunks of one size the lower address wins; a fresh
 host process's regions come from the system allocator at ever lower addresses (its
-regions of 2-16 MiB, measured), so a tie goes to the newest region. The peak the allocator reports
+regions of 2-16 MiB, measured), so a tie goes to the newest region (`PoolSimulator`'s
+`descending`). The peak the allocator reports
 (`tf.config.experimental.get_memory_info(...)["peak"]`) therefore exceeds the peak of
 the tensors alive at once by the chunks' slack, and which chunks are free when a large
 tensor arrives depends on what ran before: measured under TensorFlow's profiler, the
@@ -24,7 +25,7 @@ scheduling: the real order varies from run to run (independent ops run in parall
 and so does the real peak. Given the real sequence, it is exact: `replay_allocations`
 replays a profiler trace of a whole process (`step_profile.allocation_events`), and every
 chunk it hands out is the size the real allocator handed out (tests/test_memory_pool.py
-checks this on a fresh process training the zoo CNN).
+checks this on processes training the zoo CNN, with falling and with rising regions).
 
 Example:
 
@@ -218,7 +219,8 @@ def replay_allocations(events, first_region=FIRST_REGION):
             held, [e for e in events if e["allocated"]])))   # <peak> 0
     """
     events = list(events)
-    if events and events[0].get("in_use", events[0].get("held")) != events[0].get("held"):
+    first = events[0] if events else {}
+    if first.get("in_use", first.get("held")) != first.get("held"):
         raise ConfigError(f"the trace starts with {events[0]['in_use']:,} bytes in use: replay "
                           "a trace started before the allocator's first allocation (start the "
                           "profiler before the first TensorFlow op)")
