@@ -34,7 +34,7 @@ def _remove(path):
 
 @contextlib.contextmanager
 def atomic_path(final_path):
-    """Yields a temporary path (same folder, same suffix) renamed to `final_path` on success.
+    """Yields a temporary path (same folder, `.tmp-<pid>-<name>`), renamed to `final_path` after.
 
     Works for files and directories (e.g. a SavedModel). An existing
     `final_path` is replaced only after the new one is complete.
@@ -43,11 +43,8 @@ def atomic_path(final_path):
     parent = os.path.dirname(os.path.abspath(final_path))
     os.makedirs(parent, exist_ok=True)
     base = os.path.basename(final_path)
-    stem, dot, suffix = base.rpartition(".")
-    # Keep the suffix last: Keras decides the format from it (.keras, .h5).
-    tmp_name = (f".{stem}.tmp-{os.getpid()}{dot}{suffix}" if dot and stem
-                else f".{base}.tmp-{os.getpid()}")
-    tmp = os.path.join(parent, tmp_name)
+    # The whole name last: Keras decides the format from it (.keras, .weights.h5).
+    tmp = os.path.join(parent, f".tmp-{os.getpid()}-{base}")
     _remove(tmp)
     try:
         yield tmp

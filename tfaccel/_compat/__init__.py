@@ -11,6 +11,7 @@ callbacks (tf_keras callbacks); use them through this package (`_compat.x`).
 """
 
 from tfaccel._compat.callbacks import (
+    keras3_backup_writing_whole_files,
     takes_logs_as_tensors,
     tensorboard_without_learning_rate,
 )
@@ -59,6 +60,7 @@ from tfaccel._compat.training import (
 )
 
 __all__ = [
+    "keras3_backup_writing_whole_files",
     "graph_float_ops",
     "is_graph_network",
     "is_plain_graph_model",

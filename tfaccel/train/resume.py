@@ -40,7 +40,8 @@ import tensorflow as tf
 from tfaccel import _compat, distribute
 from tfaccel.choices import parse_backup_freq as parse_backup_freq  # TensorFlow-free, for flags
 from tfaccel.errors import ConfigError
-from tfaccel.keras import flavour_of, keras, keras3
+from tfaccel.io import atomic_path
+from tfaccel.keras import flavour_of, keras
 
 __all__ = ["parse_backup_freq", "Backup", "ResumeReporter", "EpochCounter", "read_backup",
            "remove_backup", "EpochBackups", "PeriodicBackup", "backup_callbacks"]
@@ -242,17 +243,8 @@ class EpochBackups:
             self._save_weights(epoch)
 
     def _save_weights(self, epoch):
-        path = self.weights_path.format(epoch=epoch + 1)
-        folder, name = os.path.split(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        # The whole name is kept at the end: Keras reads the format from it ('.weights.h5').
-        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
-        try:
+        with atomic_path(self.weights_path.format(epoch=epoch + 1)) as tmp:
             self.model.save_weights(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
 
     def on_train_end(self, logs=None):
         # Stopped early (e.g. EarlyStopping) after an epoch that was not backed up: back it up
@@ -372,7 +364,7 @@ def _keras3_backup_class():
     if _KERAS3_BACKUP:
         return _KERAS3_BACKUP[0]
 
-    class Keras3Backup(EpochBackups, keras3().callbacks.BackupAndRestore):
+    class Keras3Backup(EpochBackups, _compat.keras3_backup_writing_whole_files()):
         """Keras 3's BackupAndRestore at `PeriodicBackup`'s epoch-end moments; under several
         workers only the chief writes the backup, and every worker restores from it."""
 
