@@ -317,7 +317,8 @@ def main(argv):
     table = summaries.markdown_table(rows, columns)
     met, verdict = judge(rows)
     header = (f"memory plan vs measured peak ({rows[0]['device']} allocator, pooled); "
-              f"{doctor.machine_summary()}; CPU: {cpu_kind()}")
+              f"{doctor.machine_summary()}; CPU: {cpu_kind()}; "
+              f"oneDNN {'on' if doctor.onednn_enabled() else 'off'}")
     print(f"\n{header}\n\n{table}\n\n{verdict}")
     bars = []
     for r in rows:
@@ -326,6 +327,7 @@ def main(argv):
     png = plots.plot_memory(bars, os.path.join(FLAGS.output_dir, "bench_memory.png"),
                             "memory plan (stacked) vs measured peak per configuration")
     _cli.write_outputs("bench_memory", {"machine": doctor.machine_summary(), "rows": rows,
+                                        "onednn": doctor.onednn_enabled(),
                                         "met": met, "command": " ".join(["python", *sys.argv])},
                        f"{header}\n\n{table}\n\n{verdict}", png,
                        {f"bench_memory/{r['config']}_ratio": r["ratio"] for r in rows})

@@ -1,6 +1,7 @@
 """tfaccel doctor: real facts here, advice logic on described machines."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -133,3 +134,36 @@ def test_version_mismatch_and_missing_packages():
     missing = dict(VERSIONS, **{"tensorflow-model-optimization": None})
     assert any("pruning and QAT" in m for m in messages(machine(versions=missing), "warning"))
     assert not messages(machine(gpu("8.9"), growth="1"), "warning")
+
+
+@pytest.mark.parametrize("flags, env, machine, system, on", [
+    ({"avx2", "fma"}, "", "x86_64", "Linux", False),  # an AVX2-only CPU: Eigen's kernels
+    ({"avx2", "avx512f", "avx512_vnni"}, "", "x86_64", "Linux", True),
+    ({"avx2", "avx_vnni"}, "", "x86_64", "Linux", True),
+    ({"avx2", "amx_tile", "amx_bf16"}, "", "x86_64", "Linux", True),
+    ({"avx2", "avx512_bf16"}, "0", "x86_64", "Linux", False),
+    ({"avx2", "fma"}, "1", "x86_64", "Linux", True),
+    ({"avx2", "fma"}, "TRUE", "x86_64", "Linux", True),
+    ({"avx2", "fma"}, "maybe", "x86_64", "Linux", False),  # not a boolean: the default
+    ({"avx2"}, "", "AMD64", "Windows", True),
+    (set(), "", "aarch64", "Linux", False),
+])
+def test_onednn_is_on_by_default_only_on_cpus_with_vnni_bf16_or_amx(flags, env, machine, system,
+                                                                    on):
+    assert doctor.onednn_enabled(flags, env=env, machine=machine, system=system) is on
+
+
+@pytest.mark.parametrize("env", [None, "0", "1"])
+def test_the_onednn_rule_agrees_with_tensorflows_own_answer(env):
+    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if env is not None:
+        environment["TF_ENABLE_ONEDNN_OPTS"] = env
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tfaccel import _compat, doctor; "
+         "print(doctor.onednn_enabled(), _compat.onednn_in_use())"],
+        env=environment, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rule, tensorflow = proc.stdout.split()
+    assert rule == tensorflow
+    if env is not None:
+        assert rule == str(env == "1")

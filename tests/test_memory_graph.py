@@ -1,5 +1,10 @@
 """tfaccel.performance.memory_graph: the activations a traced training step keeps."""
 
+import json
+import os
+import subprocess
+import sys
+
 import hub_models
 import pytest
 import tf_keras as keras
@@ -269,3 +274,79 @@ def test_exclusive_replay_writes_in_place_only_into_a_buffer_read_once():
     # Exp's output is read by Sqrt and Square: in order, Square (its last reader) may take
     # it; replayed exclusively, both get a buffer of their own
     assert len(made(False)) + 1 == len(made(True))
+
+
+def _zoo_cnn():
+    from tfaccel.train import models
+
+    return models.build_model("cnn", (8, 8, 1), 10)
+
+
+def test_with_onednn_off_each_convolution_gradient_keeps_a_column_buffer_of_30_mib_of_work():
+    from tfaccel.performance import utilization
+
+    graph, _ = utilization.traced_step(_zoo_cnn(), 256, loss="square")
+    found = memory_graph.kernel_workspaces(graph, onednn=False, threads=2)
+    # conv_1 (3x3x32 -> 64 on 8x8): one image's work is 64*64 + 288*64 + 64*288 = 40,960
+    # values, so 192 images fill 30 MiB of float32; conv_0 (3x3x1 -> 32): 2,912, 2,701 images
+    # (more than the batch: the buffer does not depend on it). The first convolution's input
+    # gradient is pruned: nothing reads it.
+    assert found == {"gradient_tape/cnn/conv_1/Conv2D/Conv2DBackpropInput": 192 * 64 * 288 * 4,
+                     "gradient_tape/cnn/conv_1/Conv2D/Conv2DBackpropFilter": 192 * 64 * 288 * 4,
+                     "gradient_tape/cnn/conv_0/Conv2D/Conv2DBackpropFilter": 2701 * 64 * 9 * 4}
+    assert memory_graph.kernel_workspaces(graph, onednn=True) == {}
+    # one image at a time when a thread's share of an image's work passes 256 KiB
+    single = memory_graph.kernel_workspaces(graph, onednn=False, threads=1)
+    assert single == found  # 40,960 values on one thread is still under 65,536
+    graph_1, _ = utilization.traced_step(_zoo_cnn(), 1, loss="square")
+    at_1 = memory_graph.kernel_workspaces(graph_1, onednn=False, threads=2)
+    assert at_1["gradient_tape/cnn/conv_1/Conv2D/Conv2DBackpropInput"] == 64 * 288 * 4
+
+
+def test_the_replay_holds_a_convolutions_two_gradient_workspaces_at_once():
+    model = _zoo_cnn()
+    off = memory_graph.pool_replay(model, 256, slots=1, onednn=False, orders=1)
+    on = memory_graph.pool_replay(model, 256, slots=1, onednn=True, orders=1)
+    assert on.workspaces == 0
+    # conv_1's two 14.2 MB buffers alive together, less what the step frees meanwhile
+    assert 2 * 192 * 64 * 288 * 4 * 0.8 < off.workspaces <= 2 * 192 * 64 * 288 * 4
+    assert memory_graph.pool_slack(model, 256, slots=1, orders=1) == \
+        memory_graph.pool_replay(model, 256, slots=1, orders=1).slack
+
+
+_REAL_WORKSPACES = """
+import json, sys
+from tfaccel.performance import memory
+memory.use_pooled_host_allocator()
+import numpy as np, tensorflow as tf
+from tfaccel.performance import memory_graph, step_profile, utilization
+from tfaccel.train import models, training
+model = models.build_model("cnn", (8, 8, 1), 10)
+training.compile_classifier(model, training.make_optimizer("sgd", 1e-3))
+x = np.random.default_rng(0).random((64, 8, 8, 1), dtype=np.float32)
+ds = tf.data.Dataset.from_tensors((x, np.arange(64) % 10)).repeat()
+model.fit(ds, steps_per_epoch=1, epochs=1, verbose=0)
+tf.profiler.experimental.start(sys.argv[1])
+model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
+tf.profiler.experimental.stop()
+real = {}
+for e in step_profile.allocation_events(step_profile.last_trace(sys.argv[1])):
+    if e["allocated"] and e["op"].split("/")[-1].startswith("Conv2DBackprop") \
+            and e["shape"].count(",") == 2:  # [shard, pixels, filter size]: not the output
+        real["/".join(e["op"].split("/")[-3:])] = e["requested"]
+graph, _ = utilization.traced_step(model, 64, loss="square")
+planned = {"/".join(k.split("/")[-3:]): v
+           for k, v in memory_graph.kernel_workspaces(graph).items()}
+print(json.dumps({"real": real, "planned": planned}))
+"""
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_the_planned_workspaces_are_the_buffers_tensorflow_allocates(tmp_path, onednn):
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=onednn)
+    proc = subprocess.run([sys.executable, "-c", _REAL_WORKSPACES, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["real"] == got["planned"], got
+    assert bool(got["planned"]) == (onednn == "0"), got

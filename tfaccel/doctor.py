@@ -68,6 +68,33 @@ def matrix_instructions(flags):
     return {kind: [f for f in names if f in flags] for kind, names in MATRIX_INSTRUCTIONS.items()}
 
 
+ONEDNN_BY_DEFAULT = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+"""The CPU features with which TensorFlow on x86-64 Linux runs oneDNN's kernels by default."""
+
+
+def onednn_enabled(flags=None, env=None, machine=None, system=None):
+    """Whether TensorFlow runs oneDNN's kernels (its `IsMklEnabled`), decided as it decides.
+
+    On x86-64 Linux TensorFlow turns oneDNN on by default only on a CPU with one of
+    `ONEDNN_BY_DEFAULT` (`DefaultOneDnnPolicy` in tensorflow/core/util/port.cc): a CPU
+    with AVX2 alone runs TensorFlow's own (Eigen) kernels, whose convolution gradients
+    keep workspaces of tens of MB (`tfaccel.performance.memory_graph.kernel_workspaces`).
+    On x86-64 Windows it is on; elsewhere off. ``TF_ENABLE_ONEDNN_OPTS`` (0/1/false/true)
+    overrides the default. Arguments default to this machine and environment.
+
+        onednn_enabled({"avx2", "fma"}, env=None, machine="x86_64", system="Linux")  # False
+    """
+    flags = cpu_flags() if flags is None else set(flags)
+    env = os.environ.get("TF_ENABLE_ONEDNN_OPTS") if env is None else env
+    machine = (machine or platform.machine()).lower()
+    system = system or platform.system()
+    x86 = machine in ("x86_64", "amd64")
+    default = x86 and (system == "Windows"
+                       or (system == "Linux" and any(f in flags for f in ONEDNN_BY_DEFAULT)))
+    value = (env or "").strip().lower()
+    return {"0": False, "false": False, "1": True, "true": True}.get(value, default)
+
+
 def instruction_name(flag):
     """How Intel writes a /proc/cpuinfo flag: 'amx_bf16' -> 'AMX-BF16', 'avx_vnni' -> 'AVX-VNNI'."""
     head, _, rest = flag.partition("_")
@@ -327,7 +354,6 @@ def collect():
         if smi and i < len(smi):
             entry["memory_total_mb"] = smi[i]["memory_total_mb"]
         devices.append(entry)
-    machine = platform.machine().lower()
     onednn_env = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
     return {
         "python": platform.python_version(),
@@ -345,9 +371,7 @@ def collect():
         "cpu": _cpu_facts(),
         "xla": {"built_with_xla": bool(tf.test.is_built_with_xla()),
                 "tf_xla_flags": os.environ.get("TF_XLA_FLAGS")},
-        # TensorFlow turns oneDNN on by default on x86-64 Linux unless the variable says 0.
-        "onednn": {"enabled": machine in ("x86_64", "amd64") and platform.system() == "Linux"
-                   and (onednn_env or "1").lower() not in ("0", "false"),
+        "onednn": {"enabled": onednn_enabled(env=onednn_env or ""),
                    "TF_ENABLE_ONEDNN_OPTS": onednn_env},
         "memory_growth_env": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
         "matmul_flops_per_second": {d: matmul_flops(d) for d in ("float32", "bfloat16")},

@@ -51,6 +51,7 @@ from tfaccel._compat.parallel import (
 )
 from tfaccel._compat.training import (
     latest_backup,
+    onednn_in_use,
     output_layers,
     restored_backup,
     resumed_start,
@@ -72,6 +73,7 @@ __all__ = [
     "restored_backup",
     "resumed_start",
     "latest_backup",
+    "onednn_in_use",
     "steps_per_execution",
     "train_counter",
     "traced_allocator_names",

@@ -118,3 +118,15 @@ def traced_allocator_names(device="CPU:0"):
     return [memory.allocator_name for stats in run_metadata.step_stats.dev_stats
             if stats.device.endswith(device) for node in stats.node_stats
             for memory in node.memory]
+
+
+def onednn_in_use():
+    """Whether this process's TensorFlow runs oneDNN's kernels: its own answer, read once.
+
+    `tfaccel.doctor.onednn_enabled` decides it from the CPU and the environment as
+    TensorFlow does; this asks TensorFlow (tests check the two agree). Relies on
+    `tensorflow.python.util._pywrap_util_port.IsMklEnabled`. Checked: TF 2.21.
+    """
+    from tensorflow.python.util import _pywrap_util_port  # deferred: TensorFlow
+
+    return bool(_pywrap_util_port.IsMklEnabled())

@@ -30,10 +30,13 @@ Example:
     print(plan.format_plan(plan.plan_memory(profile, batch_size=64)))
 """
 
+import dataclasses
+import os
 import random
 
 import tensorflow as tf
 
+from tfaccel import _compat
 from tfaccel.errors import ConfigError, ModelError, first_line
 from tfaccel.keras import flavour_of, is_keras3_object
 from tfaccel.performance import memory_pool, memory_profile, utilization
@@ -156,15 +159,23 @@ def executor_order(graph, seed):
     return order
 
 
-def step_buffers(graph, order=None, exclusive=False):
+def step_buffers(graph, order=None, exclusive=False, workspaces=None):
     """The buffers one run of `graph` (a traced step) allocates and frees, in order: a list
     of ``(name, bytes, is_activation)`` for an allocation and ``(name, None, None)`` for a
     free (see `live_bytes` for the rules; `is_activation` is False for model states: the
     casts of the weights, the step's outputs, i.e. the weights' gradients). The ops run in
     `order` (a topological order of the graph's ops, e.g. `executor_order`), by default the
     order they were made in. `exclusive`: an op writes in place only into a buffer no other op
-    reads (the executor may run its readers at once)."""
+    reads (the executor may run its readers at once). `workspaces`: {op name: bytes} the op's
+    kernel allocates after its outputs and frees before it ends (`kernel_workspaces`); those
+    of ops that read the same last input (a convolution's two gradients read its output's)
+    stay alive until the last of them has run: the executor runs such costly siblings at
+    once, one in its thread pool and one inline."""
     ops = list(order) if order is not None else graph.get_operations()
+    workspaces, siblings, open_workspaces = workspaces or {}, {}, {}
+    for op in ops:
+        if workspaces.get(op.name):
+            siblings.setdefault(_buffer(op.inputs[-1]).name, []).append(op.name)
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
     last_read, readers = {}, {}
@@ -197,6 +208,12 @@ def step_buffers(graph, order=None, exclusive=False):
             owner[out.name] = out.name
             activation = out.name not in states and out.name not in returned
             events.append((out.name, nbytes, activation))
+        if workspaces.get(op.name):
+            group = siblings[_buffer(op.inputs[-1]).name]
+            events.append((op.name + ":workspace", workspaces[op.name], True))
+            open_workspaces.setdefault(id(group), []).append(op.name + ":workspace")
+            if len(open_workspaces[id(group)]) == len(group):
+                events += [(name, None, None) for name in open_workspaces.pop(id(group))]
         for name in free_at.get(i, ()):
             if name in owner:
                 events.append((owner.pop(name), None, None))
@@ -229,6 +246,121 @@ def live_bytes(graph, order=None):
     return sum(saved_tensors(graph).values()), peak
 
 
+_WORKING_SET = 30 << 20  # the L3 cache the custom convolution gradients size their work to
+_MIN_THREAD_WORK = 256 << 10  # the L2 cache below which the input gradient shards images
+_CUSTOM_INPUT_GRADIENT = (tf.float16, tf.float32, tf.float64)  # bfloat16 takes Eigen's
+
+
+def kernel_workspaces(graph, onednn=None, threads=None):
+    """{op name: bytes} that the CPU kernels of `graph`'s ops allocate for themselves while
+    they run, beyond their outputs: what TensorFlow's allocator holds that no tensor of the
+    graph shows.
+
+    With oneDNN off (TensorFlow's default on a CPU without AVX512_VNNI, AVX512_BF16,
+    AVX_VNNI or AMX: `tfaccel.doctor.onednn_enabled`), a convolution's gradient with respect
+    to its filter, and in float16/32/64 to its input, is TensorFlow's custom kernel
+    (tensorflow/core/kernels/conv_grad_filter_ops.cc, conv_grad_input_ops.h). It unrolls
+    ``shard`` images at a time into a column buffer of ``shard x output pixels x filter
+    size``, ``shard`` chosen so that one shard's matrices fill a 30 MiB working set whatever
+    the batch: 14 MB for each gradient of the zoo CNN's second convolution, which made the
+    CNN's measured peak at batch 256 2.8 times the plan's on an AVX2-only CPU. The input
+    gradient takes one image at a time instead when a thread's share of one image's work
+    reaches 256 KiB (or the batch is 1). With oneDNN on, its kernels keep no such buffer:
+    {}. Other kernels' scratch (oneDNN's, pooling's) is not counted.
+
+    Args:
+      graph: a traced step (`tfaccel.performance.utilization.traced_step`).
+      onednn: whether oneDNN's kernels run; None asks this process's TensorFlow.
+      threads: the CPU device's worker threads; None reads TensorFlow's intra-op setting
+        (all the cores this process may use when it is 0).
+    """
+    if onednn is None:
+        onednn = _compat.onednn_in_use()
+    if onednn:
+        return {}
+    if not threads:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or cores
+    found, live = {}, _live_ops(graph)
+    for op in graph.get_operations():
+        if op.name not in live or op.type not in ("Conv2DBackpropFilter", "Conv2DBackpropInput") \
+                or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+            continue
+        dtype = tf.as_dtype(op.get_attr("T"))
+        is_input = op.type == "Conv2DBackpropInput"
+        if is_input and dtype not in _CUSTOM_INPUT_GRADIENT:
+            continue
+        filter_shape = (op.inputs[1] if is_input else op.outputs[0]).shape
+        out_shape = op.inputs[2].shape
+        if not (filter_shape.is_fully_defined() and out_shape.is_fully_defined()):
+            continue
+        rows, cols, in_depth, out_depth = filter_shape.as_list()
+        batch, out_rows, out_cols, _ = out_shape.as_list()
+        filter_size, pixels = rows * cols * in_depth, out_rows * out_cols
+        work = pixels * out_depth + filter_size * out_depth + pixels * filter_size
+        if not work:
+            continue
+        if is_input and (batch == 1 or work // threads >= _MIN_THREAD_WORK // dtype.size):
+            shard = 1
+        else:
+            shard = -(-(_WORKING_SET // dtype.size) // work)
+        found[op.name] = shard * pixels * filter_size * dtype.size
+    return found
+
+
+def _live_ops(graph):
+    """Names of the ops `graph`'s outputs depend on: TensorFlow prunes the rest (e.g. the
+    gradient of a first convolution with respect to the model's input)."""
+    live, todo = set(), [t.op for t in graph.outputs]
+    while todo:
+        op = todo.pop()
+        if op.name not in live:
+            live.add(op.name)
+            todo += [t.op for t in op.inputs] + list(op.control_inputs)
+    return live
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolReplay:
+    """What the replay of training steps through the pooled allocator adds to the plan.
+
+    Attributes:
+      slack: bytes the pool holds at its peak beyond the bytes asked for (`pool_slack`).
+      workspaces: bytes the kernels' own workspaces (`kernel_workspaces`) add to the peak
+        of the bytes asked for; 0 where there are none (oneDNN on).
+    """
+
+    slack: int
+    workspaces: int = 0
+
+
+def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=None,
+                orders=ORDERS, seed=0, onednn=None):
+    """`pool_slack` and the kernels' workspaces, from one trace (a `PoolReplay`): the
+    workspaces are replayed with the step's buffers, each alive while its op runs.
+    `onednn`: as in `kernel_workspaces`."""
+    if int(orders) < 1:
+        raise ConfigError(f"orders={orders}: replay at least one op order")
+    graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
+    weights = [int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
+               for v in model.weights]
+    trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
+    persistent = weights + [_bytes(t) for t in inputs] + (2 * trainable if accumulators else [])
+    slots = trainable * int(slots)
+    workspaces = kernel_workspaces(graph, onednn)
+    worst, exact = 0, None
+    for k in range(int(orders)):
+        order = executor_order(graph, seed + k) if k else None
+        pool, peak = memory_pool.training_peaks(
+            persistent, step_buffers(graph, order, workspaces=workspaces), slots)
+        worst, exact = max(worst, pool), peak if exact is None else exact
+    without = exact
+    if workspaces:
+        without = memory_pool.training_peaks(persistent, step_buffers(graph), slots)[1]
+    return PoolReplay(slack=max(0, worst - exact), workspaces=max(0, exact - without))
+
+
 def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=None,
                orders=ORDERS, seed=0):
     """Bytes TensorFlow's pooled (BFC) allocator holds at its peak beyond the bytes asked for,
@@ -245,22 +377,11 @@ def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=N
     slack is the largest of their pool peaks minus the exact peak of the creation order
     (what the plan's other rows count): the chunks served whole and what a worse order
     of independent ops keeps alive at once (TensorFlow's executor takes ready ops in an
-    order that changes from run to run, and the benchmark keeps the largest run).
+    order that changes from run to run, and the benchmark keeps the largest run). With
+    oneDNN off the kernels' workspaces are replayed too (`pool_replay` says what they add).
     """
-    if int(orders) < 1:
-        raise ConfigError(f"orders={orders}: replay at least one op order")
-    graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
-    weights = [int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size
-               for v in model.weights]
-    trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
-    persistent = weights + [_bytes(t) for t in inputs] + (2 * trainable if accumulators else [])
-    worst, exact = 0, None
-    for k in range(int(orders)):
-        order = executor_order(graph, seed + k) if k else None
-        pool, peak = memory_pool.training_peaks(persistent, step_buffers(graph, order),
-                                                trainable * int(slots))
-        worst, exact = max(worst, pool), peak if exact is None else exact
-    return max(0, worst - exact)
+    return pool_replay(model, batch_size, slots, accumulators, sequence_length, orders,
+                       seed).slack
 
 
 def make_optimizer(name, model, precision="float32"):

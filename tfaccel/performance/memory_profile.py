@@ -74,6 +74,9 @@ class MemoryProfile:
       fixed_activation_bytes: activations kept whatever the batch (a traced step's fit).
       pool_slack_per_example: per example, what TensorFlow's pooled allocator holds beyond
         the bytes asked for (`memory_graph.pool_slack`: chunks served whole).
+      kernel_workspace_bytes: what the CPU kernels' own workspaces add to the peak at the
+        planned batch (`memory_graph.kernel_workspaces`: convolution gradients with oneDNN
+        off), whatever the batch.
       method: where the activations came from: the model's layers, a closed form, or the
         graph of the traced training step (`tfaccel.performance.memory_graph`).
       update_optimizer: the optimizer whose update was traced (`memory_graph.optimizer_update`)
@@ -92,6 +95,7 @@ class MemoryProfile:
     recompute_unit: str = "layer"
     fixed_activation_bytes: int = 0
     pool_slack_per_example: float = 0.0
+    kernel_workspace_bytes: int = 0
     method: str = "layers (each layer's output shapes)"
     update_optimizer: str = ""
     optimizer_slot_bytes: int = 0

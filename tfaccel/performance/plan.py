@@ -263,6 +263,7 @@ def stage_breakdown(profile, layers, s, first):
         "backward transients": int(scale * transient),
         "allocator slack (pooled)": int(micro * profile.pool_slack_per_example)
         if first else 0,
+        "kernel workspaces (oneDNN off)": profile.kernel_workspace_bytes if first else 0,
         "input batches": s.input_batches * s.batch_size * profile.input_bytes
         if first else 0,
     }
@@ -427,10 +428,11 @@ def plan_memory(profile, settings=None, **kwargs):
                                          early_update_bytes=early)
 
             def at_micro_batch(micro):  # the pool's slack is replayed at each batch
-                slack = memory_graph.pool_slack(
+                replay = memory_graph.pool_replay(
                     model, micro, round(slot_bytes / max(1, 4 * traced.trainable)),
                     settings.grad_accum_steps > 1, sequence_length)
-                return dataclasses.replace(traced, pool_slack_per_example=slack / micro)
+                return dataclasses.replace(traced, pool_slack_per_example=replay.slack / micro,
+                                           kernel_workspace_bytes=replay.workspaces)
 
             profile = at_micro_batch(max(1, settings.batch_size // settings.grad_accum_steps))
         else:
