@@ -37,11 +37,11 @@ another's for the same step (the zoo CNN at batch 256: 7-31% in ten processes), 
 uncertainty of any single measured peak, this prediction's target included.
 
 Which to trust when: the measured prediction includes what the graph cannot see
-(oneDNN's AVX2 convolution workspaces, the order TensorFlow runs independent ops in,
-the allocator's rounding), so on this machine it is the better number; the graph's
+(kernels' scratch buffers beyond the convolution gradients' column buffers the graph's plan
+counts with oneDNN off, the order TensorFlow runs independent ops in, the allocator's
+rounding), so on this machine it is the better number; the graph's
 (`tfaccel.performance.memory_graph`) is the one that transfers to another device (it
-counts tensors, not one backend's buffers) and costs no run. They disagree most on
-convolutions on CPUs without AVX-512 (oneDNN's AVX2 kernels keep large workspaces).
+counts tensors, not one backend's buffers) and costs no run.
 Under gradient accumulation each process trains as the run does
 (`accumulate.enable_gradient_accumulation`), on whole batches of N micro-batches of the
 calibration sizes: the whole batch the dataset yields, its split and the accumulator the

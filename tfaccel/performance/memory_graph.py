@@ -18,9 +18,11 @@ The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked fo
 (`pool_slack`): the step's buffers (`step_buffers`) replayed through the allocator's
 rules (`tfaccel.performance.memory_pool`), in the order the ops were made and in
 `ORDERS - 1` orders TensorFlow's executor could take (`executor_order`), the largest
-peak kept: the real order changes from run to run, and so does the real peak. What the
-graph cannot see: the one order a run took, backend workspaces; a measured calibration
-(`tfaccel.performance.calibrate`) sees them.
+peak kept: the real order changes from run to run, and so does the real peak. With oneDNN
+off (TensorFlow's default on CPUs with AVX2 alone) the convolution gradients' column buffers
+are replayed too (`kernel_workspaces`). What the graph cannot see: the one order a run took,
+other kernels' scratch buffers; a measured calibration (`tfaccel.performance.calibrate`)
+sees them.
 
 Example:
 
@@ -168,14 +170,16 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
     order they were made in. `exclusive`: an op writes in place only into a buffer no other op
     reads (the executor may run its readers at once). `workspaces`: {op name: bytes} the op's
     kernel allocates after its outputs and frees before it ends (`kernel_workspaces`); those
-    of ops that read the same last input (a convolution's two gradients read its output's)
-    stay alive until the last of them has run: the executor runs such costly siblings at
-    once, one in its thread pool and one inline."""
+    of ops made ready by the same op (a convolution's two gradients, by its output's
+    gradient) stay alive until the last of them has run: the executor runs such costly
+    siblings at once, one in its thread pool and one inline."""
     ops = list(order) if order is not None else graph.get_operations()
-    workspaces, siblings, open_workspaces = workspaces or {}, {}, {}
+    workspaces, siblings, open_workspaces, made = workspaces or {}, {}, {}, {}
+    if workspaces:
+        made = {op.name: i for i, op in enumerate(graph.get_operations())}
     for op in ops:
         if workspaces.get(op.name):
-            siblings.setdefault(_buffer(op.inputs[-1]).name, []).append(op.name)
+            siblings.setdefault(_last_input(op, made), []).append(op.name)
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
     last_read, readers = {}, {}
@@ -209,7 +213,7 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
             activation = out.name not in states and out.name not in returned
             events.append((out.name, nbytes, activation))
         if workspaces.get(op.name):
-            group = siblings[_buffer(op.inputs[-1]).name]
+            group = siblings[_last_input(op, made)]
             events.append((op.name + ":workspace", workspaces[op.name], True))
             open_workspaces.setdefault(id(group), []).append(op.name + ":workspace")
             if len(open_workspaces[id(group)]) == len(group):
@@ -248,7 +252,50 @@ def live_bytes(graph, order=None):
 
 _WORKING_SET = 30 << 20  # the L3 cache the custom convolution gradients size their work to
 _MIN_THREAD_WORK = 256 << 10  # the L2 cache below which the input gradient shards images
-_CUSTOM_INPUT_GRADIENT = (tf.float16, tf.float32, tf.float64)  # bfloat16 takes Eigen's
+_MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
+
+
+def _column_buffer(op, threads):
+    """Bytes of a custom convolution gradient's column buffer (conv_grad_filter_ops.cc,
+    conv_grad_input_ops.h), or None for another op."""
+    if op.type not in ("Conv2DBackpropFilter", "Conv2DBackpropInput") \
+            or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
+        return None
+    is_input = op.type == "Conv2DBackpropInput"
+    filter_shape = (op.inputs[1] if is_input else op.outputs[0]).shape
+    out_shape, size = op.inputs[2].shape, op.inputs[2].dtype.size
+    if not (filter_shape.is_fully_defined() and out_shape.is_fully_defined()):
+        return None
+    rows, cols, in_depth, out_depth = filter_shape.as_list()
+    batch, out_rows, out_cols, _ = out_shape.as_list()
+    filter_size, pixels = rows * cols * in_depth, out_rows * out_cols
+    work = pixels * out_depth + filter_size * out_depth + pixels * filter_size
+    if not work:
+        return None
+    if is_input and (batch == 1 or work // threads >= _MIN_THREAD_WORK // size):
+        shard = 1
+    else:
+        shard = -(-(_WORKING_SET // size) // work)
+    return shard * pixels * filter_size * size
+
+
+def _float32_copies(op):
+    """Bytes of the float32 copies a bfloat16 matrix product on Eigen makes of its two inputs
+    and its result, or None."""
+    if op.type not in _MATMULS or op.inputs[0].dtype != tf.bfloat16:
+        return None
+    shapes = [op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape]
+    if not all(shape.is_fully_defined() for shape in shapes):
+        return None
+    return 4 * sum(shape.num_elements() for shape in shapes)
+
+
+def _argmax(op):
+    """Bytes of the int64 positions of the maxima Eigen's max-pooling gradient finds again,
+    one per pooled value, or None."""
+    if op.type != "MaxPoolGrad" or not op.inputs[1].shape.is_fully_defined():
+        return None
+    return 8 * op.inputs[1].shape.num_elements()
 
 
 def kernel_workspaces(graph, onednn=None, threads=None):
@@ -257,16 +304,21 @@ def kernel_workspaces(graph, onednn=None, threads=None):
     graph shows.
 
     With oneDNN off (TensorFlow's default on a CPU without AVX512_VNNI, AVX512_BF16,
-    AVX_VNNI or AMX: `tfaccel.doctor.onednn_enabled`), a convolution's gradient with respect
-    to its filter, and in float16/32/64 to its input, is TensorFlow's custom kernel
-    (tensorflow/core/kernels/conv_grad_filter_ops.cc, conv_grad_input_ops.h). It unrolls
-    ``shard`` images at a time into a column buffer of ``shard x output pixels x filter
-    size``, ``shard`` chosen so that one shard's matrices fill a 30 MiB working set whatever
-    the batch: 14 MB for each gradient of the zoo CNN's second convolution, which made the
-    CNN's measured peak at batch 256 2.8 times the plan's on an AVX2-only CPU. The input
-    gradient takes one image at a time instead when a thread's share of one image's work
-    reaches 256 KiB (or the batch is 1). With oneDNN on, its kernels keep no such buffer:
-    {}. Other kernels' scratch (oneDNN's, pooling's) is not counted.
+    AVX_VNNI or AMX: `tfaccel.doctor.onednn_enabled`), TensorFlow's own kernels run:
+
+    - a convolution's gradients, with respect to its filter and to its input, unroll
+      ``shard`` images at a time into a column buffer of ``shard x output pixels x filter
+      size``, ``shard`` chosen so that one shard's matrices fill a 30 MiB working set
+      whatever the batch: 14 MB for each gradient of the zoo CNN's second convolution,
+      which made the CNN's measured peak at batch 256 2.1 times the plan's on an AVX2-only
+      CPU. The input gradient takes one image at a time instead when a thread's share of
+      one image's work reaches 256 KiB (or the batch is 1);
+    - a bfloat16 matrix product computes in float32 copies of its inputs and its result;
+    - a max-pooling gradient finds the maxima again, an int64 position per pooled value.
+
+    With oneDNN on, its kernels keep none of these: {}. Other scratch (oneDNN's, the
+    Einsum's transposes) is not counted. Each size was checked against the buffers
+    TensorFlow allocates (tests/test_memory_graph.py).
 
     Args:
       graph: a traced step (`tfaccel.performance.utilization.traced_step`).
@@ -284,29 +336,16 @@ def kernel_workspaces(graph, onednn=None, threads=None):
         threads = tf.config.threading.get_intra_op_parallelism_threads() or cores
     found, live = {}, _live_ops(graph)
     for op in graph.get_operations():
-        if op.name not in live or op.type not in ("Conv2DBackpropFilter", "Conv2DBackpropInput") \
-                or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
-            continue
-        dtype = tf.as_dtype(op.get_attr("T"))
-        is_input = op.type == "Conv2DBackpropInput"
-        if is_input and dtype not in _CUSTOM_INPUT_GRADIENT:
-            continue
-        filter_shape = (op.inputs[1] if is_input else op.outputs[0]).shape
-        out_shape = op.inputs[2].shape
-        if not (filter_shape.is_fully_defined() and out_shape.is_fully_defined()):
-            continue
-        rows, cols, in_depth, out_depth = filter_shape.as_list()
-        batch, out_rows, out_cols, _ = out_shape.as_list()
-        filter_size, pixels = rows * cols * in_depth, out_rows * out_cols
-        work = pixels * out_depth + filter_size * out_depth + pixels * filter_size
-        if not work:
-            continue
-        if is_input and (batch == 1 or work // threads >= _MIN_THREAD_WORK // dtype.size):
-            shard = 1
-        else:
-            shard = -(-(_WORKING_SET // dtype.size) // work)
-        found[op.name] = shard * pixels * filter_size * dtype.size
+        if op.name in live and op.inputs:
+            nbytes = _column_buffer(op, threads) or _float32_copies(op) or _argmax(op)
+            if nbytes:
+                found[op.name] = nbytes
     return found
+
+
+def _last_input(op, made):
+    """The op, made last, of those `op` reads: the one whose end makes `op` ready."""
+    return max((t.op.name for t in op.inputs), key=lambda name: made.get(name, -1))
 
 
 def _live_ops(graph):

@@ -168,7 +168,8 @@ def allocation_events(path, device="CPU:0"):
     Each is a dict: ``allocated`` (False for a free), ``address``, ``in_use`` (the
     allocator's bytes in use after it), and for an allocation ``requested`` (bytes asked
     for), ``held`` (the chunk's bytes, what ``in_use`` counts), ``op`` (the TensorFlow op
-    that asked) and ``shape``. Empty when the allocator records nothing: a host without
+    that asked), ``shape`` and ``region`` ('output', 'temp': a kernel's own workspace,
+    'persist'). Empty when the allocator records nothing: a host without
     the pooled allocator, whose malloc the profiler does not see.
     """
     wanted = _allocator_of(device)
@@ -199,7 +200,8 @@ def allocation_events(path, device="CPU:0"):
                     "requested": int(stats.get("requested_bytes", 0)),
                     "held": int(stats.get("allocation_bytes", 0)),
                     "op": str(stats.get("tf_op", "") or ""),
-                    "shape": str(stats.get("shape", "") or "")})
+                    "shape": str(stats.get("shape", "") or ""),
+                    "region": str(stats.get("region_type", "") or "")})
     events.sort(key=lambda e: e["time_ps"])
     return events
 
