@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfaccel import errors
+from tfaccel import doctor, errors
 from tfaccel.data import text
 from tfaccel.keras import keras
 from tfaccel.train import generate as gen, gpt, kv_cache, precision
@@ -139,8 +139,9 @@ def test_recomputing_and_reloaded_models_generate_what_the_plain_model_does(mode
                                         ("mixed_float16", tf.float16)])
 def test_mixed_precision_caches_in_the_compute_dtype_within_its_rounding(model, policy, low):
     """16-bit logits agree to 16-bit rounding (measured 0.0044 at most, logits of size ~1.7:
-    as far as the uncached path's own padded and unpadded windows, 0.0034), so a choice
-    within that of a tie may differ; float32 (above) gives the same tokens."""
+    as far as the uncached path's own padded and unpadded windows, 0.0034; with oneDNN off,
+    TensorFlow's own bfloat16 kernels as on AVX2-only CPUs, 0.031), so a choice within that
+    of a tie may differ; float32 (above) gives the same tokens."""
     with precision.precision_scope(policy):
         half = tiny()
     half.set_weights(model.get_weights())
@@ -148,7 +149,7 @@ def test_mixed_precision_caches_in_the_compute_dtype_within_its_rounding(model, 
     window = np.zeros((1, 64), np.int32)
     _, (keys_values, weights) = decoder.prefill(tf.constant(window), tf.constant(3))
     assert {t.dtype for t in keys_values + weights} == {low}
-    check_logits_along(half, 64, tolerance=0.02)
+    check_logits_along(half, 64, tolerance=0.02 if doctor.onednn_enabled() else 0.05)
     sample = gen.generate(half, CHARS, "The ", 100, seed=2, slide=32)
     assert len(sample) == 100 and sample == gen.generate(half, CHARS, "The ", 100, seed=2,
                                                          slide=32)
