@@ -174,12 +174,11 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
     gradient) stay alive until the last of them has run: the executor runs such costly
     siblings at once, one in its thread pool and one inline."""
     ops = list(order) if order is not None else graph.get_operations()
-    workspaces, siblings, open_workspaces, made = workspaces or {}, {}, {}, {}
-    if workspaces:
-        made = {op.name: i for i, op in enumerate(graph.get_operations())}
+    workspaces, siblings, open_workspaces = workspaces or {}, {}, {}
+    depth = _depths(graph) if workspaces else {}
     for op in ops:
         if workspaces.get(op.name):
-            siblings.setdefault(_last_input(op, made), []).append(op.name)
+            siblings.setdefault(_last_input(op, depth), []).append(op.name)
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
     last_read, readers = {}, {}
@@ -213,7 +212,7 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
             activation = out.name not in states and out.name not in returned
             events.append((out.name, nbytes, activation))
         if workspaces.get(op.name):
-            group = siblings[_last_input(op, made)]
+            group = siblings[_last_input(op, depth)]
             events.append((op.name + ":workspace", workspaces[op.name], True))
             open_workspaces.setdefault(id(group), []).append(op.name + ":workspace")
             if len(open_workspaces[id(group)]) == len(group):
@@ -343,9 +342,20 @@ def kernel_workspaces(graph, onednn=None, threads=None):
     return found
 
 
-def _last_input(op, made):
-    """The op, made last, of those `op` reads: the one whose end makes `op` ready."""
-    return max((t.op.name for t in op.inputs), key=lambda name: made.get(name, -1))
+def _depths(graph):
+    """{op name: the longest chain of ops that must run before it} (its inputs' and control
+    inputs' depth plus one; the graph's ops are made in a topological order)."""
+    depth = {}
+    for op in graph.get_operations():
+        before = [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]
+        depth[op.name] = 1 + max((depth.get(name, 0) for name in before), default=0)
+    return depth
+
+
+def _last_input(op, depth):
+    """Of the ops `op` reads, the deepest (`_depths`): the one whose end makes `op` ready (a
+    gradient's, not the shapes it also reads, which are known since the forward pass)."""
+    return max(sorted(t.op.name for t in op.inputs), key=lambda name: depth.get(name, 0))
 
 
 def _live_ops(graph):
