@@ -319,6 +319,12 @@ def kernel_workspaces(graph, onednn=None, threads=None):
     Einsum's transposes) is not counted. Each size was checked against the buffers
     TensorFlow allocates (tests/test_memory_graph.py).
 
+    Example (the plan of an AVX2-only CPU, from any machine):
+
+        from tfaccel.performance import memory_graph, utilization
+        graph, _ = utilization.traced_step(model, 256, loss="square")
+        print(sum(memory_graph.kernel_workspaces(graph, onednn=False, threads=2).values()))
+
     Args:
       graph: a traced step (`tfaccel.performance.utilization.traced_step`).
       onednn: whether oneDNN's kernels run; None asks this process's TensorFlow.
