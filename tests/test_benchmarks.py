@@ -317,7 +317,6 @@ def test_bench_memory_measure_calibrates_each_row_and_judges_its_prediction(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_bench_memory_plans_the_cnn_with_onednn_off_as_an_avx2_only_cpu_runs_it(tmp_path):
     # TensorFlow leaves oneDNN off on CPUs without AVX512_VNNI/BF16, AVX-VNNI or AMX; forced
     # off here, this CPU runs the kernels such a CPU runs. The plan without the convolution
@@ -338,6 +337,7 @@ def test_bench_memory_plans_the_cnn_with_onednn_off_as_an_avx2_only_cpu_runs_it(
     assert 0.8 <= row["ratio"] <= 1.2, row["ratio"]
 
 
+@pytest.mark.slow
 def test_bench_memory_compares_the_plan_with_the_measured_peak(tmp_path):
     out = tmp_path / "out"
     proc = _run("bench_memory", "--configs=cnn_sgd,gpt_tiny_bf16_b256,gpt_tiny_f32_b256_rc",
