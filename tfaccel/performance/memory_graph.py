@@ -178,7 +178,8 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
     depth = _depths(graph) if workspaces else {}
     for op in ops:
         if workspaces.get(op.name):
-            siblings.setdefault(_last_input(op, depth), []).append(op.name)
+            key = _last_input(op, depth)
+            siblings[key] = siblings.get(key, 0) + 1
     states = _weight_derived(ops)
     returned = {_buffer(t).name for t in graph.outputs}
     last_read, readers = {}, {}
@@ -212,11 +213,11 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
             activation = out.name not in states and out.name not in returned
             events.append((out.name, nbytes, activation))
         if workspaces.get(op.name):
-            group = siblings[_last_input(op, depth)]
+            key = _last_input(op, depth)
             events.append((op.name + ":workspace", workspaces[op.name], True))
-            open_workspaces.setdefault(id(group), []).append(op.name + ":workspace")
-            if len(open_workspaces[id(group)]) == len(group):
-                events += [(name, None, None) for name in open_workspaces.pop(id(group))]
+            open_workspaces.setdefault(key, []).append(op.name + ":workspace")
+            if len(open_workspaces[key]) == siblings[key]:
+                events += [(name, None, None) for name in open_workspaces.pop(key)]
         for name in free_at.get(i, ()):
             if name in owner:
                 events.append((owner.pop(name), None, None))
