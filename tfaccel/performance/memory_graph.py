@@ -20,7 +20,7 @@ rules (`tfaccel.performance.memory_pool`), in the order the ops were made and in
 `ORDERS - 1` orders TensorFlow's executor could take (`executor_order`), the largest
 peak kept: the real order changes from run to run, and so does the real peak. With oneDNN
 off (TensorFlow's default on CPUs with AVX2 alone) the convolution gradients' column buffers
-are replayed too (`kernel_workspaces`). What the graph cannot see: the one order a run took,
+are replayed too (`kernel_buffers`). What the graph cannot see: the one order a run took,
 other kernels' scratch buffers; a measured calibration (`tfaccel.performance.calibrate`)
 sees them.
 
@@ -168,8 +168,9 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
     casts of the weights, the step's outputs, i.e. the weights' gradients). The ops run in
     `order` (a topological order of the graph's ops, e.g. `executor_order`), by default the
     order they were made in. `exclusive`: an op writes in place only into a buffer no other op
-    reads (the executor may run its readers at once). `workspaces`: {op name: bytes} the op's
-    kernel allocates after its outputs and frees before it ends (`kernel_workspaces`); those
+    reads (the executor may run its readers at once). `workspaces`: {op name: bytes, or a
+    tuple of buffers' bytes} the op's kernel allocates after its outputs and frees before it
+    ends (`kernel_buffers`); those
     of ops made ready by the same op (a convolution's two gradients, by its output's
     gradient) stay alive until the last of them has run: the executor runs such costly
     siblings at once, one in its thread pool and one inline."""
@@ -214,10 +215,13 @@ def step_buffers(graph, order=None, exclusive=False, workspaces=None):
             events.append((out.name, nbytes, activation))
         if workspaces.get(op.name):
             key = _last_input(op, depth)
-            events.append((op.name + ":workspace", workspaces[op.name], True))
-            open_workspaces.setdefault(key, []).append(op.name + ":workspace")
-            if len(open_workspaces[key]) == siblings[key]:
-                events += [(name, None, None) for name in open_workspaces.pop(key)]
+            sizes = workspaces[op.name]
+            for k, nbytes in enumerate(sizes if isinstance(sizes, tuple) else (sizes,)):
+                events.append((f"{op.name}:workspace:{k}", nbytes, True))
+                open_workspaces.setdefault(key, []).append(f"{op.name}:workspace:{k}")
+            siblings[key] -= 1
+            if not siblings[key]:
+                events += [(name, None, None) for name in reversed(open_workspaces.pop(key))]
         for name in free_at.get(i, ()):
             if name in owner:
                 events.append((owner.pop(name), None, None))
@@ -280,14 +284,14 @@ def _column_buffer(op, threads):
 
 
 def _float32_copies(op):
-    """Bytes of the float32 copies a bfloat16 matrix product on Eigen makes of its two inputs
-    and its result, or None."""
+    """Bytes of the float32 copies a bfloat16 matrix product on Eigen makes of its first
+    input, its second and its result, three buffers asked for in that order, or None."""
     if op.type not in _MATMULS or op.inputs[0].dtype != tf.bfloat16:
         return None
     shapes = [op.inputs[0].shape, op.inputs[1].shape, op.outputs[0].shape]
     if not all(shape.is_fully_defined() for shape in shapes):
         return None
-    return 4 * sum(shape.num_elements() for shape in shapes)
+    return tuple(4 * shape.num_elements() for shape in shapes)
 
 
 def _argmax(op):
@@ -298,10 +302,10 @@ def _argmax(op):
     return 8 * op.inputs[1].shape.num_elements()
 
 
-def kernel_workspaces(graph, onednn=None, threads=None):
-    """{op name: bytes} that the CPU kernels of `graph`'s ops allocate for themselves while
-    they run, beyond their outputs: what TensorFlow's allocator holds that no tensor of the
-    graph shows.
+def kernel_buffers(graph, onednn=None, threads=None):
+    """{op name: (bytes, ...)}: the buffers, in the order they are asked for, that the CPU
+    kernels of `graph`'s ops allocate for themselves while they run, beyond their outputs:
+    what TensorFlow's allocator holds that no tensor of the graph shows.
 
     With oneDNN off (TensorFlow's default on a CPU without AVX512_VNNI, AVX512_BF16,
     AVX_VNNI or AMX: `tfaccel.doctor.onednn_enabled`), TensorFlow's own kernels run:
@@ -313,7 +317,8 @@ def kernel_workspaces(graph, onednn=None, threads=None):
       which made the CNN's measured peak at batch 256 2.1 times the plan's on an AVX2-only
       CPU. The input gradient takes one image at a time instead when a thread's share of
       one image's work reaches 256 KiB (or the batch is 1);
-    - a bfloat16 matrix product computes in float32 copies of its inputs and its result;
+    - a bfloat16 matrix product computes in float32 copies of its inputs and its result,
+      three buffers (which the pooled allocator may fit in three different free chunks);
     - a max-pooling gradient finds the maxima again, an int64 position per pooled value.
 
     With oneDNN on, its kernels keep none of these: {}. Other scratch (oneDNN's, the
@@ -324,7 +329,7 @@ def kernel_workspaces(graph, onednn=None, threads=None):
 
         from tfaccel.performance import memory_graph, utilization
         graph, _ = utilization.traced_step(model, 256, loss="square")
-        print(sum(memory_graph.kernel_workspaces(graph, onednn=False, threads=2).values()))
+        print(sum(map(sum, memory_graph.kernel_buffers(graph, onednn=False).values())))
 
     Args:
       graph: a traced step (`tfaccel.performance.utilization.traced_step`).
@@ -343,9 +348,9 @@ def kernel_workspaces(graph, onednn=None, threads=None):
     found, live = {}, _live_ops(graph)
     for op in graph.get_operations():
         if op.name in live and op.inputs:
-            nbytes = _column_buffer(op, threads) or _float32_copies(op) or _argmax(op)
-            if nbytes:
-                found[op.name] = nbytes
+            sizes = _float32_copies(op) or (_column_buffer(op, threads) or _argmax(op),)
+            if all(sizes):
+                found[op.name] = sizes
     return found
 
 
@@ -383,7 +388,7 @@ class PoolReplay:
 
     Attributes:
       slack: bytes the pool holds at its peak beyond the bytes asked for (`pool_slack`).
-      workspaces: bytes the kernels' own workspaces (`kernel_workspaces`) add to the peak
+      workspaces: bytes the kernels' own workspaces (`kernel_buffers`) add to the peak
         of the bytes asked for; 0 where there are none (oneDNN on).
     """
 
@@ -395,7 +400,7 @@ def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=
                 orders=ORDERS, seed=0, onednn=None):
     """`pool_slack` and the kernels' workspaces, from one trace (a `PoolReplay`): the
     workspaces are replayed with the step's buffers, each alive while its op runs.
-    `onednn`: as in `kernel_workspaces`."""
+    `onednn`: as in `kernel_buffers`."""
     if int(orders) < 1:
         raise ConfigError(f"orders={orders}: replay at least one op order")
     graph, inputs = utilization.traced_step(model, batch_size, sequence_length, loss="square")
@@ -404,7 +409,7 @@ def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=
     trainable = [int(v.shape.num_elements()) * 4 for v in model.trainable_weights]
     persistent = weights + [_bytes(t) for t in inputs] + (2 * trainable if accumulators else [])
     slots = trainable * int(slots)
-    workspaces = kernel_workspaces(graph, onednn)
+    workspaces = kernel_buffers(graph, onednn)
     worst, exact = 0, None
     for k in range(int(orders)):
         order = executor_order(graph, seed + k) if k else None
