@@ -52,10 +52,12 @@ common.check_flags(("keras", "parallel", "strategy"),
 
 def _plan_says_no(model, micro_batch, policy, replicas):
     """Why the memory plan says one micro-batch of `micro_batch` per device cannot fit, or None."""
+    from tfaccel.performance.plan import format_size
+
     result = common.memory_plan(model, micro_batch, policy, replicas, grad_accum_steps=1)
     return None if result.fits is not False else (
-        f"the memory plan needs {result.total / 1e9:.2f} GB per device, more than the device's "
-        f"{result.settings.device_memory / 1e9:.2f} GB less the framework margin")
+        f"the memory plan needs {format_size(result.total)} per device, more than the "
+        f"device's {format_size(result.settings.device_memory)} less the framework margin")
 
 
 def main(argv):

@@ -1,6 +1,7 @@
 """tfaccel.performance.calibrate: peaks of `fit` at three batches, one fresh process each, fit."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -111,3 +112,16 @@ def test_a_keras_hub_causal_lm_is_measured_without_its_own_metrics(tmp_path):
     weights = 4 * gpt2.count_params()
     assert small > 4 * weights  # weights, gradients and Adam's two slots
     assert large > small
+
+
+def test_a_child_runs_tensorflows_own_cpu_kernels_when_asked():
+    # oneDNN off, as on an AVX2-only CPU: the zoo CNN's convolution gradients keep column
+    # buffers (28 MB at once at batch 256) that oneDNN's kernels do not
+    spec = {"model": "cnn", "input_shape": [8, 8, 1], "num_classes": 10,
+            "precision": "float32", "optimizer": "sgd", "sequence_length": None, "steps": 2,
+            "batch": 256, "grad_accum_steps": 1}
+    off = calibrate._run_child(dict(spec, onednn=False))["peak"]
+    on = calibrate._run_child(dict(spec, onednn=True))["peak"]
+    assert off - on > 20e6, (off, on)
+    assert calibrate._child_env(None).get("TF_ENABLE_ONEDNN_OPTS") == \
+        os.environ.get("TF_ENABLE_ONEDNN_OPTS")

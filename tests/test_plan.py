@@ -145,6 +145,7 @@ def test_cli_13b_json_without_tensorflow():
     (["--batch_size=0"], "0 must be a positive integer"),
     (["--model=gpt", "--stages=99"], "stages=99 is more than the model's"),
     (["--model=/nonexistent/model.keras"], "--model=/nonexistent/model.keras: not gpt"),
+    (["--model=gpt", "--onednn=off"], "--onednn=off applies to a traced model"),
 ])
 def test_cli_bad_input_is_one_line(args, message):
     proc = _cli(*args)
@@ -196,6 +197,30 @@ def test_cli_a_zoo_model_is_planned_from_its_traced_step_and_says_so():
     proc = _cli("--model=mlp", "--batch_size=64")
     assert proc.returncode == 0, proc.stderr
     assert "activations from: graph (the traced train step at batches 2 and 4)" in proc.stdout
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_a_plan_for_tensorflows_own_cpu_kernels_counts_their_workspaces(onednn):
+    # the zoo CNN at batch 256: with oneDNN off (an AVX2-only CPU) its convolution gradients
+    # keep two 14.2 MB column buffers at once, and its pooling gradient an int64 argmax
+    result = plan.plan_memory("cnn", batch_size=256, optimizer="sgd", input_shape=(8, 8, 1),
+                              num_classes=10, onednn=onednn)
+    workspaces = result.breakdown["kernel workspaces (oneDNN off)"]
+    assert result.onednn is onednn and json.loads(json.dumps(result.to_json()))["onednn"] is onednn
+    text = plan.format_plan(result)
+    if onednn:
+        assert workspaces == 0 and "host CPU kernels: oneDNN's" in text
+    else:
+        assert 20e6 < workspaces <= 2 * 192 * 64 * 288 * 4 + 256 * 4 * 4 * 64 * 8
+        assert "host CPU kernels: TensorFlow's own, oneDNN off" in text
+    assert "| **total** | **" in text and " GB" not in text  # 45 MB reads in MB
+
+
+def test_cli_plans_either_kind_of_host_kernels():
+    on, off = (json.loads(_cli("--model=cnn", "--batch_size=256", f"--onednn={v}", "--json")
+                          .stdout) for v in ("on", "off"))
+    assert (on["onednn"], off["onednn"]) == (True, False)
+    assert off["total"] - on["total"] > 20e6
 
 
 def test_cli_measure_needs_a_model_to_run():

@@ -69,6 +69,9 @@ def _device_memory(text):
     return text
 
 
+_ONEDNN = {"auto": None, "on": True, "off": False}
+
+
 def _plan_profile(args):
     """What --model names: a `MemoryProfile` for gpt and bert (by size, nothing built, in
     milliseconds), else the zoo name or file the plan builds and traces."""
@@ -77,6 +80,10 @@ def _plan_profile(args):
         if args.measure:
             raise ConfigError(f"--measure needs a model to run: --model={args.model} is planned "
                               "from its size (give a zoo name or a .keras file to measure)")
+        if args.onednn != "auto":
+            raise ConfigError(f"--onednn={args.onednn} applies to a traced model: --model="
+                              f"{args.model} is planned from its size, without the host's "
+                              "kernels (give a zoo name or a .keras file)")
         layers, heads, d_model, context = memory_profile.GPT_SIZES[args.gpt_size]
         # without --context, a --sequence_length sets it too (a model made for that length)
         context = args.context or args.sequence_length or context
@@ -114,7 +121,7 @@ def _plan(args):
         result = plan.plan_memory(_plan_profile(args), settings, input_shape=args.input_shape,
                                   num_classes=args.num_classes,
                                   sequence_length=args.sequence_length, method=args.method,
-                                  measure=args.measure)
+                                  measure=args.measure, onednn=_ONEDNN[args.onednn])
     except TfaccelError as e:
         return _bad(str(e))
     print(json.dumps(result.to_json(), indent=2) if args.json else plan.format_plan(result))
@@ -144,6 +151,9 @@ def _add_plan_parser(sub):
     p.add_argument("--measure", action="store_true",
                    help="also run 1/8, 1/4 and 1/2 of the batch in 3 fresh processes "
                    "and scale the peaks")
+    p.add_argument("--onednn", default="auto", choices=tuple(_ONEDNN),
+                   help="a traced model's host CPU kernels: off plans (and --measure runs) "
+                   "TensorFlow's own, as an AVX2-only CPU runs them; auto: this machine's")
     p.add_argument("--vocab_size", type=_positive_int, default=256)
     p.add_argument("--untied", action="store_true", help="a separate output projection")
     p.add_argument("--batch_size", type=_positive_int, default=32, help="examples per device")

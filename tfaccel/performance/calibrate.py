@@ -157,7 +157,7 @@ def predict(peaks, micro_batch, graph=None):
 
 
 def measure_memory(model, settings, input_shape=None, num_classes=None, sequence_length=None,
-                   batches=None, steps=8, repeats=CALIBRATION_REPEATS, graph=None):
+                   batches=None, steps=8, repeats=CALIBRATION_REPEATS, graph=None, onednn=None):
     """Measures `model` training under `settings` in fresh processes; returns a `Calibration`.
 
     Args:
@@ -169,6 +169,9 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
       repeats: fresh processes; each batch's largest peak counts.
       graph: the graph's plan ({micro-batch: bytes}) at the target micro-batch and at every
         batch measured, to predict a bend beyond them (`predict`); `plan_memory` gives it.
+      onednn: True or False runs the children with oneDNN's kernels on or off
+        (``TF_ENABLE_ONEDNN_OPTS``: off, this CPU runs the kernels, and keeps the buffers, of
+        a CPU without AVX512_VNNI, AVX512_BF16, AVX-VNNI or AMX); None, as this process.
 
     Raises:
       ConfigError: bad batches; ModelError: the child failed (its last error line).
@@ -180,7 +183,8 @@ def measure_memory(model, settings, input_shape=None, num_classes=None, sequence
     spec = {"input_shape": input_shape, "num_classes": num_classes,
             "precision": settings.precision, "optimizer": settings.optimizer,
             "sequence_length": sequence_length, "steps": int(steps),
-            "grad_accum_steps": settings.grad_accum_steps}
+            "grad_accum_steps": settings.grad_accum_steps,
+            "onednn": None if onednn is None else bool(onednn)}
     processes = {b: [] for b in sorted(set(batches))}
     if graph and not set(processes) | {micro} <= set(graph):
         raise ConfigError(f"graph={graph}: give the planned bytes at batches "
@@ -210,12 +214,20 @@ def _run_child(spec):
     """{'peak': bytes} from one fresh process measuring `spec`."""
     proc = subprocess.run([sys.executable, "-m", "tfaccel.performance.calibrate",
                            json.dumps(spec)], capture_output=True, text=True, check=False,
-                          timeout=_TIMEOUT_S, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                          timeout=_TIMEOUT_S, env=_child_env(spec.get("onednn")))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PEAKS ")]
     if proc.returncode or not lines:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise ModelError(f"measuring {spec['model']!r} failed: {last}")
     return json.loads(lines[-1][len("PEAKS "):])
+
+
+def _child_env(onednn):
+    """The environment of a measuring child: quiet, and oneDNN as asked (None: as inherited)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if onednn is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = "1" if onednn else "0"
+    return env
 
 
 def _optimizer(name, model):

@@ -10,7 +10,7 @@ stage), the gradient of the largest activation, alive beside them in the backwar
 pass (two, while a recomputed block runs), the input batches buffered by tf.data,
 for a built model on one device the pooled allocator's slack (its chunks served
 whole: `memory_graph.pool_slack`) and, with oneDNN off, the convolution gradients' column
-buffers (`memory_graph.kernel_workspaces`), and a margin for the framework and workspace.
+buffers (`memory_graph.kernel_buffers`), and a margin for the framework and workspace.
 It gives a verdict against the device's memory and, when the run does not fit, the cheapest
 changes that make it fit, each with its new total. Nothing here imports
 TensorFlow: a plan of a 13B model takes milliseconds.
@@ -185,6 +185,7 @@ class MemoryPlan:
     pipeline_devices: object = None  # {card GiB: stages that fit} when it does not fit
     method: str = ""  # where the activations came from (the profile's method)
     measured: object = None  # a `Calibration` when measured, else None
+    onednn: object = None  # whether the host's kernels were oneDNN's (a traced plan), else None
 
     def to_json(self):
         out = dataclasses.asdict(self)
@@ -394,7 +395,11 @@ def plan_memory(profile, settings=None, **kwargs):
       profile: a `memory_profile.MemoryProfile` (e.g. `profile_transformer(...)` for a
         Transformer described by its size), a built tf_keras model, a .keras/.h5 file, or a
         zoo name (then pass ``input_shape=`` and ``num_classes=`` too).
-      settings: a `PlanSettings`; or its fields as keyword arguments.
+      settings: a `PlanSettings`; or its fields as keyword arguments, and ``method``
+        ('graph' or 'layers'), ``measure`` (also run it: `calibrate.measure_memory`),
+        ``onednn`` (a traced plan's host kernels: True for oneDNN's, False for TensorFlow's
+        own, which an AVX2-only CPU runs and which keep workspaces of their own; None for
+        this process's), ``input_shape``, ``num_classes``, ``sequence_length``.
 
     Returns:
       A `MemoryPlan`: the busiest device's breakdown in bytes, its total, and with a
@@ -410,17 +415,20 @@ def plan_memory(profile, settings=None, **kwargs):
     shape, classes = kwargs.pop("input_shape", None), kwargs.pop("num_classes", None)
     sequence_length = kwargs.pop("sequence_length", None)
     method, measure = kwargs.pop("method", "graph"), kwargs.pop("measure", False)
+    onednn = kwargs.pop("onednn", None)
     settings = settings or PlanSettings(**kwargs)
     if method not in ("graph", "layers"):
         raise ConfigError(f"method={method!r}: use 'graph' (the traced train step) or 'layers'")
-    model, given, at_micro_batch = None, profile, None
+    model, given, at_micro_batch, kernels = None, profile, None, None
     if not isinstance(profile, memory_profile.MemoryProfile):
         settings.checked()  # bad settings are reported before a model is built
         model = memory_profile.built_model(profile, shape, classes, settings.precision)
         # a pipeline splits the model's layers, so it is priced layer by layer
         if method == "graph" and settings.stages == 1:
-            from tfaccel.performance import memory_graph  # deferred: TensorFlow
+            from tfaccel import _compat  # deferred: TensorFlow
+            from tfaccel.performance import memory_graph
 
+            kernels = _compat.onednn_in_use() if onednn is None else bool(onednn)
             traced = memory_graph.traced_profile(model, sequence_length)
             slot_bytes, update, early = memory_graph.optimizer_update(
                 model, settings.optimizer, settings.precision, sequence_length)
@@ -431,7 +439,7 @@ def plan_memory(profile, settings=None, **kwargs):
             def at_micro_batch(micro):  # the pool's slack is replayed at each batch
                 replay = memory_graph.pool_replay(
                     model, micro, round(slot_bytes / max(1, 4 * traced.trainable)),
-                    settings.grad_accum_steps > 1, sequence_length)
+                    settings.grad_accum_steps > 1, sequence_length, onednn=kernels)
                 return dataclasses.replace(traced, pool_slack_per_example=replay.slack / micro,
                                            kernel_workspace_bytes=replay.workspaces)
 
@@ -457,25 +465,27 @@ def plan_memory(profile, settings=None, **kwargs):
                     graph[b] = _total(at_micro_batch(b), dataclasses.replace(
                         s, batch_size=b * s.grad_accum_steps))
         measured = calibrate.measure_memory(given if isinstance(given, str) else model, s,
-                                            shape, classes, sequence_length, graph=graph)
+                                            shape, classes, sequence_length, graph=graph,
+                                            onednn=onednn)
     if s.device_memory is None:
         return MemoryPlan(profile.name, profile.parameters, s, parts, total, None, None,
-                          method=profile.method, measured=measured)
+                          method=profile.method, measured=measured, onednn=kernels)
     headroom = _usable(s) - total
     fits = headroom >= 0
     suggestions = () if fits else _suggestions(profile, s)
     needed = None if fits else pipeline_devices(profile, s)
     return MemoryPlan(profile.name, profile.parameters, s, parts, total, fits, headroom,
-                      suggestions, needed, profile.method, measured)
+                      suggestions, needed, profile.method, measured, kernels)
 
 
-def _gb(n):
-    return f"{n / GB:,.2f} GB" if abs(n) >= GB / 100 else f"{n / 10**6:,.2f} MB"
+def format_size(n):
+    """Bytes as the plan prints them: GB of 10^9 bytes, below 1 GB MB of 10^6."""
+    return f"{n / GB:,.2f} GB" if abs(n) >= GB else f"{n / 10**6:,.2f} MB"
 
 
 def _per_example(n):
     """Bytes per example: in KB below 10 KB (a small model's 2 KB would read 0.00 MB)."""
-    return f"{n / 1e3:,.2f} KB" if abs(n) < 10**4 else _gb(n)
+    return f"{n / 1e3:,.2f} KB" if abs(n) < 10**4 else format_size(n)
 
 
 def _slack_text(slack):
@@ -497,33 +507,39 @@ def format_plan(result):
              f"{s.stages} stage(s) x {s.micro_batches} micro-batch(es)", "",
              "| memory (busiest device) | size |", "|---|---|"]
     states = sum(v for k, v in result.breakdown.items() if k in MODEL_STATES)
-    lines += [f"| {k} | {_gb(v)} |" for k, v in result.breakdown.items() if v]
-    lines.append(f"| (model states, of the rows above) | {_gb(states)} |")
-    lines.append(f"| **total** | **{_gb(result.total)}** |")
+    lines += [f"| {k} | {format_size(v)} |" for k, v in result.breakdown.items() if v]
+    lines.append(f"| (model states, of the rows above) | {format_size(states)} |")
+    lines.append(f"| **total** | **{format_size(result.total)}** |")
     if result.method:
         lines += ["", f"activations from: {result.method}"]
+    if result.onednn is not None:
+        lines.append("host CPU kernels: " + (
+            "oneDNN's" if result.onednn else "TensorFlow's own, oneDNN off (as on a CPU without "
+            "AVX512_VNNI, AVX512_BF16, AVX-VNNI or AMX): their buffers are the 'kernel "
+            "workspaces' row"))
     c = result.measured
     if c is not None:
-        peaks = ", ".join(f"batch {b}: {_gb(p)}" for b, p in c.peaks.items())
-        lines += [f"measured: {_gb(c.predicted)} at batch {c.batch_size} ({c.method}; {peaks}; "
-                  f"{_gb(c.fixed)} fixed + {_per_example(c.per_example)} per example; peaks "
-                  f"{100 * c.spread:.0f}% apart across processes{_slack_text(c.slack)}); planned "
-                  f"{_gb(result.total)}, ratio {result.total / max(1, c.predicted):.2f}. "
+        peaks = ", ".join(f"batch {b}: {format_size(p)}" for b, p in c.peaks.items())
+        lines += [f"measured: {format_size(c.predicted)} at batch {c.batch_size} ({c.method}; "
+                  f"{peaks}; {format_size(c.fixed)} fixed + {_per_example(c.per_example)} per "
+                  f"example; peaks {100 * c.spread:.0f}% apart across processes"
+                  f"{_slack_text(c.slack)}); planned {format_size(result.total)}, ratio "
+                  f"{result.total / max(1, c.predicted):.2f}. "
                   "Trust the measured number on this machine (it sees backend workspaces "
                   "and the order ops ran in); the planned one for another device."]
     if result.fits is None:
         return "\n".join(lines)
     device = s.device_memory
-    lines += ["", f"device {device / GiB:g} GiB ({_gb(device)}), {100 * s.margin:g}% kept for "
-              f"the framework: {'FITS' if result.fits else 'DOES NOT FIT'}, headroom "
-              f"{_gb(result.headroom)}"]
+    lines += ["", f"device {device / GiB:g} GiB ({format_size(device)}), {100 * s.margin:g}% "
+              f"kept for the framework: {'FITS' if result.fits else 'DOES NOT FIT'}, headroom "
+              f"{format_size(result.headroom)}"]
     one_device = [x for x in result.suggestions if "stages" not in x["settings"]]
     if result.fits is False and not one_device:
         lines += ["", "no change on one device makes it fit: TensorFlow has no ZeRO sharding "
                   "and no CPU offload of optimizer states, so it needs several devices."]
     if result.suggestions:
         lines += ["", "changes that make it fit (cheapest first):"]
-        lines += [f"- {x['change']}: {_gb(x['total'])}" for x in result.suggestions]
+        lines += [f"- {x['change']}: {format_size(x['total'])}" for x in result.suggestions]
     if result.pipeline_devices:
         counts = [f"{n} x {gib} GiB" if n else f"no pipeline of {gib} GiB cards"
                   for gib, n in result.pipeline_devices.items()]
