@@ -237,24 +237,6 @@ def judge(rows):
     return met, verdict
 
 
-def cpu_kind():
-    """The CPU's model name and its matrix instruction sets, from /proc/cpuinfo."""
-    name, flags_seen = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    flags_seen = set(value.split())
-                    break
-    except OSError:
-        pass
-    kinds = [k for k in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if k in flags_seen]
-    return f"{name} ({', '.join(kinds) or 'no AVX2'})"
-
-
 def main(argv):
     del argv
     if FLAGS.measure_one:
@@ -317,7 +299,7 @@ def main(argv):
     table = summaries.markdown_table(rows, columns)
     met, verdict = judge(rows)
     header = (f"memory plan vs measured peak ({rows[0]['device']} allocator, pooled); "
-              f"{doctor.machine_summary()}; CPU: {cpu_kind()}; "
+              f"{doctor.machine_summary()}; "
               f"oneDNN {'on' if doctor.onednn_enabled() else 'off'}")
     print(f"\n{header}\n\n{table}\n\n{verdict}")
     bars = []

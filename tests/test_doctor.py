@@ -167,3 +167,16 @@ def test_the_onednn_rule_agrees_with_tensorflows_own_answer(env):
     assert rule == tensorflow
     if env is not None:
         assert rule == str(env == "1")
+
+
+@pytest.mark.parametrize("flags,expected", [
+    ({"avx2", "fma"}, "vectors: AVX2, matrix instructions: none"),
+    ({"avx2", "avx512f", "avx512_bf16"}, "vectors: AVX-512, matrix instructions: AVX512"),
+    (set(), "vectors: unknown, matrix instructions: none"),
+])
+def test_the_machine_summary_names_the_vector_width_beside_the_matrix_instructions(
+        monkeypatch, flags, expected):
+    # measured tables must tell an AVX2-only CPU (oneDNN off by default) from an AVX-512 one
+    monkeypatch.setattr(doctor, "_read_cpuinfo", lambda: ("Some CPU", flags))
+    summary = doctor.machine_summary()
+    assert summary.startswith("Some CPU, ") and expected in summary, summary

@@ -112,11 +112,13 @@ def machine_summary():
     Example:
 
         >>> tfaccel.doctor.machine_summary()  # doctest: +SKIP
-        'Intel(R) Xeon(R) Processor, 2 cores, matrix instructions: AMX-BF16, AMX-INT8, ...'
+        'Intel(R) Xeon(R) Processor, 2 cores, vectors: AVX-512, matrix instructions: AMX-BF16, ...'
     """
     model, flags = _read_cpuinfo()
     names = [instruction_name(f) for kind in matrix_instructions(flags).values() for f in kind]
-    return (f"{model}, {os.cpu_count()} cores, matrix instructions: "
+    vector = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags
+              else "no AVX2" if flags else "unknown")
+    return (f"{model}, {os.cpu_count()} cores, vectors: {vector}, matrix instructions: "
             f"{', '.join(names) or 'none'}")
 
 
