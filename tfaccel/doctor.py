@@ -78,7 +78,7 @@ def onednn_enabled(flags=None, env=None, machine=None, system=None):
     On x86-64 Linux TensorFlow turns oneDNN on by default only on a CPU with one of
     `ONEDNN_BY_DEFAULT` (`DefaultOneDnnPolicy` in tensorflow/core/util/port.cc): a CPU
     with AVX2 alone runs TensorFlow's own (Eigen) kernels, whose convolution gradients
-    keep workspaces of tens of MB (`tfaccel.performance.memory_graph.kernel_buffers`).
+    keep workspaces of tens of MB (`tfaccel.performance.host_kernels.kernel_buffers`).
     On x86-64 Windows it is on; elsewhere off. ``TF_ENABLE_ONEDNN_OPTS`` (0/1/false/true)
     overrides the default. Arguments default to this machine and environment.
 

@@ -75,7 +75,7 @@ class MemoryProfile:
       pool_slack_per_example: per example, what TensorFlow's pooled allocator holds beyond
         the bytes asked for (`memory_graph.pool_slack`: chunks served whole).
       kernel_workspace_bytes: what the CPU kernels' own workspaces add to the peak at the
-        planned batch (`memory_graph.kernel_buffers`: convolution gradients with oneDNN
+        planned batch (`host_kernels.kernel_buffers`: convolution gradients with oneDNN
         off), whatever the batch.
       method: where the activations came from: the model's layers, a closed form, or the
         graph of the traced training step (`tfaccel.performance.memory_graph`).

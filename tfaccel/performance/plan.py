@@ -10,7 +10,7 @@ stage), the gradient of the largest activation, alive beside them in the backwar
 pass (two, while a recomputed block runs), the input batches buffered by tf.data,
 for a built model on one device the pooled allocator's slack (its chunks served
 whole: `memory_graph.pool_slack`) and, with oneDNN off, the convolution gradients' column
-buffers (`memory_graph.kernel_buffers`), and a margin for the framework and workspace.
+buffers (`host_kernels.kernel_buffers`), and a margin for the framework and workspace.
 It gives a verdict against the device's memory and, when the run does not fit, the cheapest
 changes that make it fit, each with its new total. Nothing here imports
 TensorFlow: a plan of a 13B model takes milliseconds.
