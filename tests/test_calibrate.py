@@ -114,6 +114,7 @@ def test_a_keras_hub_causal_lm_is_measured_without_its_own_metrics(tmp_path):
     assert large > small
 
 
+@pytest.mark.slow
 def test_a_child_runs_tensorflows_own_cpu_kernels_when_asked():
     # oneDNN off, as on an AVX2-only CPU: the zoo CNN's convolution gradients keep column
     # buffers (28 MB at once at batch 256) that oneDNN's kernels do not

@@ -83,7 +83,8 @@ print(json.dumps({"real": real, "planned": host_kernels.kernel_buffers(graph),
 """
 
 
-@pytest.mark.parametrize("model,onednn", [("cnn", "0"), ("cnn", "1"), ("resnet", "0")])
+@pytest.mark.parametrize("model,onednn", [("cnn", "0"), ("cnn", "1"), pytest.param(
+    "resnet", "0", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
 def test_the_planned_workspaces_are_the_buffers_tensorflow_allocates(tmp_path, model, onednn,
                                                                       policy):

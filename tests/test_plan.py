@@ -216,6 +216,7 @@ def test_a_plan_for_tensorflows_own_cpu_kernels_counts_their_workspaces(onednn):
     assert "| **total** | **" in text and " GB" not in text  # 45 MB reads in MB
 
 
+@pytest.mark.slow
 def test_cli_plans_either_kind_of_host_kernels():
     on, off = (json.loads(_cli("--model=cnn", "--batch_size=256", f"--onednn={v}", "--json")
                           .stdout) for v in ("on", "off"))
