@@ -22,7 +22,7 @@ _MATMULS = ("MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3")
 
 
 def _column_buffer(op, threads):
-    """Bytes of a custom convolution gradient's column buffer (conv_grad_filter_ops.cc,
+    """(bytes,) of a custom convolution gradient's column buffer (conv_grad_filter_ops.cc,
     conv_grad_input_ops.h), or None for another op."""
     if op.type not in ("Conv2DBackpropFilter", "Conv2DBackpropInput") \
             or op.get_attr("data_format") not in (b"NHWC", "NHWC"):
@@ -42,7 +42,7 @@ def _column_buffer(op, threads):
         shard = 1
     else:
         shard = -(-(_WORKING_SET // size) // work)
-    return shard * pixels * filter_size * size
+    return (shard * pixels * filter_size * size,)
 
 
 def _float32_copies(op):
@@ -73,11 +73,11 @@ def _batch_norm_scratch(op):
 
 
 def _argmax(op):
-    """Bytes of the int64 positions of the maxima Eigen's max-pooling gradient finds again,
-    one per pooled value, or None."""
+    """(bytes,) of the int64 positions of the maxima Eigen's max-pooling gradient finds
+    again, one per pooled value, or None."""
     if op.type != "MaxPoolGrad" or not op.inputs[1].shape.is_fully_defined():
         return None
-    return 8 * op.inputs[1].shape.num_elements()
+    return (8 * op.inputs[1].shape.num_elements(),)
 
 
 def kernel_buffers(graph, onednn=None, threads=None):
@@ -128,9 +128,9 @@ def kernel_buffers(graph, onednn=None, threads=None):
     found, live = {}, _live_ops(graph)
     for op in graph.get_operations():
         if op.name in live and op.inputs:
-            sizes = _float32_copies(op) or _batch_norm_scratch(op) or (
-                _column_buffer(op, threads) or _argmax(op),)
-            if all(sizes):
+            sizes = (_float32_copies(op) or _batch_norm_scratch(op)
+                     or _column_buffer(op, threads) or _argmax(op))
+            if sizes and all(sizes):
                 found[op.name] = sizes
     return found
 

@@ -19,8 +19,8 @@ The plan adds what TensorFlow's pooled allocator holds beyond the bytes asked fo
 rules (`tfaccel.performance.memory_pool`), in the order the ops were made and in
 `ORDERS - 1` orders TensorFlow's executor could take (`executor_order`), the largest
 peak kept: the real order changes from run to run, and so does the real peak. With oneDNN
-off (TensorFlow's default on CPUs with AVX2 alone) the convolution gradients' column buffers
-are replayed too (`kernel_buffers`). What the graph cannot see: the one order a run took,
+off (TensorFlow's default on CPUs with AVX2 alone) the kernels' own buffers are replayed
+too (`host_kernels.kernel_buffers`). What the graph cannot see: the one order a run took,
 other kernels' scratch buffers; a measured calibration (`tfaccel.performance.calibrate`)
 sees them.
 
