@@ -88,6 +88,20 @@ def test_a_recomputed_blocks_tensors_are_a_backward_transient_not_kept(recompute
     assert step.output_bytes == (4 * 16 + 4 * (8 + 16) if recompute else 4 * 16)
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_replay_reports_a_recomputing_steps_activation_peak(recompute):
+    from tfaccel.performance import utilization
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8),
+                              _MaybeRecomputed(recompute), keras.layers.Dense(2)])
+    replay = memory_graph.pool_replay(model, 4, orders=1)
+    graph, _ = utilization.traced_step(model, 4, loss="square")
+    kept, peak = memory_graph.live_bytes(graph)
+    assert replay.recomputed_peak == (peak if recompute else 0)
+    if recompute:  # the block made again beside what is kept (the input is not an activation)
+        assert peak - (kept - 4 * 4 * 8) >= 4 * 4 * (8 + 16)
+
+
 def test_the_recomputing_gpt_plans_its_recomputed_block_as_a_transient():
     from tfaccel.train import gpt
 

@@ -216,6 +216,26 @@ def test_a_plan_for_tensorflows_own_cpu_kernels_counts_their_workspaces(onednn):
     assert "| **total** | **" in text and " GB" not in text  # 45 MB reads in MB
 
 
+@pytest.mark.parametrize("replayed_peak, expected", [
+    (0, 30_000),  # no recomputation: the kernels' buffers stand beside the transient
+    (100 * 64 + 2_000 + 50 * 64, 30_000),  # the replay holds all the rows allow: no overlap
+    (100 * 64 + 2_000 + 50 * 64 - 10_000, 20_000),  # the rows allow 10 kB more than the replay
+    (100 * 64 + 2_000 + 50 * 64 - 40_000, 0),  # ... more than the kernels' buffers
+])
+def test_a_recomputing_steps_kernel_buffers_count_beyond_what_its_transient_row_allows(
+        replayed_peak, expected):
+    # a traced step (64 examples: 100 B kept and 50 B transient each, 2 kB fixed) with 30 kB
+    # of kernel buffers; a recomputing step's transient row holds a whole recomputed block,
+    # which the replay (`recomputed_step_peak_bytes`) frees as the block's gradient runs
+    step = memory_profile.LayerMemory("traced step", 1_000, 100, 50)
+    profile = memory_profile.MemoryProfile(
+        "m", (step,), 1_000, 0, 4, recompute_unit="step", fixed_activation_bytes=2_000,
+        kernel_workspace_bytes=30_000, recomputed_step_peak_bytes=replayed_peak)
+    parts = plan.breakdown(profile, plan.PlanSettings(batch_size=64, input_batches=1))
+    assert parts["kernel workspaces (oneDNN off)"] == expected
+    assert (parts["activations"], parts["backward transients"]) == (100 * 64 + 2_000, 50 * 64)
+
+
 @pytest.mark.slow
 def test_cli_plans_either_kind_of_host_kernels():
     on, off = (json.loads(_cli("--model=cnn", "--batch_size=256", f"--onednn={v}", "--json")

@@ -277,10 +277,14 @@ class PoolReplay:
       slack: bytes the pool holds at its peak beyond the bytes asked for (`pool_slack`).
       workspaces: bytes the kernels' own workspaces (`kernel_buffers`) add to the peak
         of the bytes asked for; 0 where there are none (oneDNN on).
+      recomputed_peak: for a step that recomputes blocks (`recomputed_bytes`), the peak of
+        its activation buffers in creation order without the kernels' own (`live_bytes`);
+        0 for a step without recomputation.
     """
 
     slack: int
     workspaces: int = 0
+    recomputed_peak: int = 0
 
 
 def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=None,
@@ -306,7 +310,9 @@ def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=
     without = exact
     if workspaces:
         without = memory_pool.training_peaks(persistent, step_buffers(graph), slots)[1]
-    return PoolReplay(slack=max(0, worst - exact), workspaces=max(0, exact - without))
+    recomputed = live_bytes(graph)[1] if recomputed_bytes(graph)[0] else 0
+    return PoolReplay(slack=max(0, worst - exact), workspaces=max(0, exact - without),
+                      recomputed_peak=recomputed)
 
 
 def pool_slack(model, batch_size, slots=0, accumulators=False, sequence_length=None,

@@ -77,6 +77,10 @@ class MemoryProfile:
       kernel_workspace_bytes: what the CPU kernels' own workspaces add to the peak at the
         planned batch (`host_kernels.kernel_buffers`: convolution gradients with oneDNN
         off), whatever the batch.
+      recomputed_step_peak_bytes: for a traced step that recomputes blocks
+        (`tf.recompute_grad`), the replay's peak of activation buffers at the planned batch
+        without the kernels' own buffers (`memory_graph.PoolReplay.recomputed_peak`); 0
+        otherwise.
       method: where the activations came from: the model's layers, a closed form, or the
         graph of the traced training step (`tfaccel.performance.memory_graph`).
       update_optimizer: the optimizer whose update was traced (`memory_graph.optimizer_update`)
@@ -96,6 +100,7 @@ class MemoryProfile:
     fixed_activation_bytes: int = 0
     pool_slack_per_example: float = 0.0
     kernel_workspace_bytes: int = 0
+    recomputed_step_peak_bytes: int = 0
     method: str = "layers (each layer's output shapes)"
     update_optimizer: str = ""
     optimizer_slot_bytes: int = 0

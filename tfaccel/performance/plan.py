@@ -247,6 +247,13 @@ def stage_breakdown(profile, layers, s, first):
         activations = micro * in_flight * sum(layer.activation_bytes for layer in layers)
         transient = micro * max((layer.output_bytes for layer in layers), default=0)
     traced = profile.update_optimizer == s.optimizer  # its slots and update read from a graph
+    workspaces = profile.kernel_workspace_bytes if first else 0
+    if workspaces and profile.recomputed_step_peak_bytes and scale == 1.0:
+        # a recomputing step's transient row holds a whole recomputed block at once; the
+        # replay frees it as the block's gradient runs, and the kernels' buffers fit in that
+        allowance = (activations + transient + profile.fixed_activation_bytes
+                     - profile.recomputed_step_peak_bytes)
+        workspaces = max(0, workspaces - max(0, allowance))
     out = {
         "weights (float32)": 4 * params,
         "gradients (float32)": 4 * int(trainable),
@@ -265,7 +272,7 @@ def stage_breakdown(profile, layers, s, first):
         "backward transients": int(scale * transient),
         "allocator slack (pooled)": int(micro * profile.pool_slack_per_example)
         if first else 0,
-        "kernel workspaces (oneDNN off)": profile.kernel_workspace_bytes if first else 0,
+        "kernel workspaces (oneDNN off)": workspaces,
         "input batches": s.input_batches * s.batch_size * profile.input_bytes
         if first else 0,
     }
@@ -441,7 +448,8 @@ def plan_memory(profile, settings=None, **kwargs):
                     model, micro, round(slot_bytes / max(1, 4 * traced.trainable)),
                     settings.grad_accum_steps > 1, sequence_length, onednn=kernels)
                 return dataclasses.replace(traced, pool_slack_per_example=replay.slack / micro,
-                                           kernel_workspace_bytes=replay.workspaces)
+                                           kernel_workspace_bytes=replay.workspaces,
+                                           recomputed_step_peak_bytes=replay.recomputed_peak)
 
             profile = at_micro_batch(max(1, settings.batch_size // settings.grad_accum_steps))
         else:
