@@ -9,8 +9,10 @@ or without recomputation; under a pipeline, every micro-batch in flight on the
 stage), the gradient of the largest activation, alive beside them in the backward
 pass (two, while a recomputed block runs), the input batches buffered by tf.data,
 for a built model on one device the pooled allocator's slack (its chunks served
-whole: `memory_graph.pool_slack`) and, with oneDNN off, the convolution gradients' column
-buffers (`host_kernels.kernel_buffers`), and a margin for the framework and workspace.
+whole: `memory_graph.pool_slack`) and, with oneDNN off, the kernels' own buffers
+(`host_kernels.kernel_buffers`: convolution gradients' column buffers, a bfloat16 product's
+float32 copies; for a recomputing step, what they add beyond its transient row), and a
+margin for the framework and workspace.
 It gives a verdict against the device's memory and, when the run does not fit, the cheapest
 changes that make it fit, each with its new total. Nothing here imports
 TensorFlow: a plan of a 13B model takes milliseconds.
