@@ -242,15 +242,20 @@ def live_bytes(graph, order=None):
     Constants, the weights and tensors made from the weights alone (their casts) are
     model states; so are the step's outputs (the weights' gradients); the inputs are the
     plan's input batches."""
+    return sum(saved_tensors(graph).values()), _activation_peak(step_buffers(graph, order))
+
+
+def _activation_peak(events):
+    """The largest sum of activation buffers alive at once in `events` (`step_buffers`)."""
     sizes, live, peak = {}, 0, 0
-    for name, nbytes, activation in step_buffers(graph, order):
+    for name, nbytes, activation in events:
         if nbytes is None:
             live -= sizes.pop(name, 0)
         elif activation:
             sizes[name] = nbytes
             live += nbytes
             peak = max(peak, live)
-    return sum(saved_tensors(graph).values()), peak
+    return peak
 
 
 def _depths(graph):
@@ -307,10 +312,9 @@ def pool_replay(model, batch_size, slots=0, accumulators=False, sequence_length=
         pool, peak = memory_pool.training_peaks(
             persistent, step_buffers(graph, order, workspaces=workspaces), slots)
         worst, exact = max(worst, pool), peak if exact is None else exact
-    without = exact
-    if workspaces:
-        without = memory_pool.training_peaks(persistent, step_buffers(graph), slots)[1]
-    recomputed = live_bytes(graph)[1] if recomputed_bytes(graph)[0] else 0
+    plain = step_buffers(graph)  # the creation order without the kernels' buffers
+    without = memory_pool.training_peaks(persistent, plain, slots)[1] if workspaces else exact
+    recomputed = _activation_peak(plain) if recomputed_bytes(graph)[0] else 0
     return PoolReplay(slack=max(0, worst - exact), workspaces=max(0, exact - without),
                       recomputed_peak=recomputed)
 

@@ -75,8 +75,9 @@ class MemoryProfile:
       pool_slack_per_example: per example, what TensorFlow's pooled allocator holds beyond
         the bytes asked for (`memory_graph.pool_slack`: chunks served whole).
       kernel_workspace_bytes: what the CPU kernels' own workspaces add to the peak at the
-        planned batch (`host_kernels.kernel_buffers`: convolution gradients with oneDNN
-        off), whatever the batch.
+        planned batch (`host_kernels.kernel_buffers`, with oneDNN off: convolution
+        gradients' column buffers, a bfloat16 product's float32 copies, batch-norm and
+        max-pooling gradients' buffers).
       recomputed_step_peak_bytes: for a traced step that recomputes blocks
         (`tf.recompute_grad`), the replay's peak of activation buffers at the planned batch
         without the kernels' own buffers (`memory_graph.PoolReplay.recomputed_peak`); 0
